@@ -1,0 +1,482 @@
+"""One configuration dataclass for `python -m apps.calm_llm`, settable from the CLI and from files.
+
+Precedence: dataclass defaults < ``--config FILE`` (YAML or JSON, nested by section, or a preset
+name such as ``tiny``) < explicit command-line flags. Every field becomes one flag whose name is
+the field name with dashes (``alpha_scope`` -> ``--alpha-scope``); flag names are unique across
+sections so the CLI stays flat while files and ``config.json`` stay nested.
+
+`validate` checks every value (and the combinations that cannot work) before any model is loaded,
+and raises `ConfigError` naming the option.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import hashlib
+import importlib.util
+import json
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+CONFIG_DIR = Path(__file__).resolve().parent / "configs"
+
+METHODS = (
+    "none",
+    "ts",
+    "sft",
+    "label_smoothing",
+    "rcft",
+    "calm",
+    "calm_iterate",
+    "calm_regularization",
+    "calm_scalar",
+)
+MCQA_SOURCES = (
+    "mmlu",
+    "medmcqa",
+    "openbookqa",
+    "arc_challenge",
+    "arc_easy",
+    "commonsense_qa",
+    "sciq",
+)
+
+
+class ConfigError(ValueError):
+    """A configuration value that cannot work; the message names the option."""
+
+
+def opt(default: Any, help: str, *, choices: tuple | None = None, flag: str | None = None) -> Any:
+    """A dataclass field carrying its CLI help text, allowed values and (optional) flag name."""
+    meta = {"help": help, "choices": choices, "flag": flag}
+    if isinstance(default, list | dict):
+        return field(default_factory=lambda d=default: type(d)(d), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+@dataclass
+class ModelConfig:
+    name_or_path: str = opt(
+        "smollm2",
+        "model: 'smollm2' (offline SmolLM2-135M-Instruct, converted once and cached), "
+        "'tiny' (random test model), a Hugging Face hub name or a local folder",
+        flag="--model",
+    )
+    dtype: str = opt("fp32", "weights/compute dtype of the base model", choices=("fp32", "bf16"))
+    quantization: str = opt(
+        "none", "load the base model in 4/8 bit (QLoRA; needs bitsandbytes)",
+        choices=("none", "4bit", "8bit"),
+    )
+    attn_implementation: str = opt(
+        "auto",
+        "attention kernel; 'auto' = the library default, forced to 'eager' for the "
+        "second-order solvers itd/aid (fused SDPA has no double backward)",
+        choices=("auto", "eager", "sdpa"),
+    )
+    gradient_checkpointing: bool = opt(False, "recompute activations in the backward pass")
+    max_length: int = opt(256, "maximum tokens per sequence (longer prompts are truncated)")
+    tiny_hidden: int = opt(32, "hidden size of the 'tiny' random model")
+    tiny_layers: int = opt(2, "layers of the 'tiny' random model")
+    lora_r: int = opt(8, "LoRA rank")
+    lora_alpha: int = opt(16, "LoRA scaling numerator (scale = lora_alpha / lora_r)")
+    lora_dropout: float = opt(0.0, "dropout on the LoRA input")
+    lora_target_modules: list[str] = opt(
+        ["q_proj", "v_proj"], "modules that get LoRA adapters; 'all-linear' for every linear layer"
+    )
+
+
+@dataclass
+class DataConfig:
+    mode: str = opt(
+        "cloze",
+        "answer scoring: 'letter' (softmax over option-letter logits, the papers') or 'cloze' "
+        "(softmax over each option text's log-likelihood)",
+        choices=("letter", "cloze"),
+    )
+    prompt_style: str = opt("paper", "prompt format", choices=("paper", "chat"))
+    cloze_norm: str = opt(
+        "sum", "cloze option score: summed, per-token mean or per-character log-likelihood",
+        choices=("sum", "mean", "char"),
+    )
+    max_options: int = opt(5, "most answer options a question may have")
+    in_domain: list[str] = opt(["sciq"], f"in-domain MCQA sources, from {MCQA_SOURCES}")
+    out_of_domain: list[str] = opt(["arc_easy"], "out-of-domain MCQA sources (test only)")
+    n_train: int = opt(400, "training questions (pooled over the in-domain sources)")
+    n_calib: int = opt(100, "calibration questions (TS fit, CALM upper level)")
+    n_test: int = opt(150, "test questions per in-domain source")
+    n_ood: int = opt(150, "test questions per out-of-domain source")
+    data_files: list[str] = opt(
+        [], "local files for sources, as NAME=PATH (.jsonl/.json/.csv/.parquet)"
+    )
+    data_hub: list[str] = opt([], "hub datasets for sources, as NAME=ORG/DATASET")
+    instruction_data: str = opt(
+        "",
+        "instruction-style training source (Alpaca format): 'alpaca' with a local file in "
+        "--data-files alpaca=PATH or --data-hub alpaca=ORG/NAME; replaces MCQA training data",
+    )
+    source_limit: int = opt(0, "read at most this many rows per source (0 = all)")
+
+
+@dataclass
+class TrainConfig:
+    steps: int = opt(30, "optimizer steps per trained method")
+    batch_size: int = opt(8, "training questions per micro-batch")
+    calib_batch_size: int = opt(8, "calibration questions per upper-level batch")
+    eval_batch_size: int = opt(16, "questions per evaluation batch")
+    grad_accum: int = opt(1, "micro-batches accumulated per optimizer step")
+    lr: float = opt(1e-3, "learning rate of the LoRA parameters (θ)")
+    weight_decay: float = opt(0.0, "decoupled weight decay of θ (AdamW)")
+    optimizer: str = opt("adamw", "optimizer of θ", choices=("adamw", "adam", "sgd"))
+    schedule: str = opt(
+        "cosine", "learning-rate schedule after warmup", choices=("cosine", "linear", "constant")
+    )
+    warmup_ratio: float = opt(0.1, "fraction of the steps spent in linear warmup")
+    max_grad_norm: float = opt(1.0, "clip the θ gradient norm (0 = off)")
+    label_smoothing: float = opt(0.1, "smoothing of the label_smoothing baseline")
+    rcft_weight: float = opt(0.5, "RCFT: total = (1-w)·SFT + w·1e-3·Σ_k L_k")
+    rcft_bins: int = opt(10, "RCFT: confidence bins of the ECE regularizer")
+    rcft_reestimate_every: int = opt(
+        0, "RCFT: re-run the E-step (bin accuracies) every k steps (0 = once, as released)"
+    )
+    rcft_include_top_bin: bool = opt(
+        True, "RCFT: regularize the top bin [0.9, 1] too (the released code skips it)"
+    )
+
+
+@dataclass
+class CalmConfig:
+    solver: str = opt("bome", "bilevel solver of the CALM problem", choices=("bome", "itd", "aid"))
+    alpha_param: str = opt(
+        "affine",
+        "α parameterization (calm_scalar always uses 'temperature')",
+        choices=("affine", "temperature", "class_temperature", "shift"),
+    )
+    alpha_form: str = opt(
+        "z/tau+l",
+        "algebraic form of the affine α (reconstruction: the paper does not say)",
+        choices=("z/tau+l", "(z+l)/tau"),
+    )
+    alpha_scope: str = opt(
+        "vocab",
+        "α over the full vocabulary or only the option-letter tokens (letter mode only)",
+        choices=("vocab", "options"),
+    )
+    alpha_at_inference: bool = opt(True, "apply the learned α when predicting")
+    alpha_lr: float = opt(1e-2, "learning rate of α")
+    alpha_optimizer: str = opt("adam", "optimizer of α", choices=("adam", "sgd", "adamw"))
+    upper_objective: str = opt(
+        "options",
+        "upper level: entropy of the α-adjusted option distribution, or (cloze) of the "
+        "next-token distributions at the answer tokens",
+        choices=("options", "answer_tokens"),
+    )
+    inner_steps: int = opt(3, "inner (lower-level) gradient steps per outer step (T)")
+    inner_lr: float = opt(0.05, "inner step size β on θ")
+    eta: float = opt(0.5, "BOME: φ = η‖∇q‖² (phi=grad_norm)")
+    phi: str = opt("grad_norm", "BOME control φ", choices=("grad_norm", "value_gap"))
+    c: float = opt(0.5, "BOME: φ = c·q (phi=value_gap)")
+    gamma: float = opt(1.0, "calm_regularization: loss = CE − γ·entropy")
+    cg_maxiter: int = opt(5, "AID: conjugate-gradient iterations")
+    cg_tol: float = opt(1e-6, "AID: conjugate-gradient tolerance")
+    itd_truncate: int = opt(0, "ITD: back-propagate through the last k inner steps (0 = all)")
+
+
+@dataclass
+class Config:
+    methods: list[str] = opt(["none", "ts", "sft", "calm"], f"methods to run, from {METHODS}")
+    out: str = opt("", "run directory (default: a fresh folder under runs/)")
+    resume: str = opt("", "continue the killed run in this directory")
+    seed: int = opt(0, "seed of splits, LoRA init, batch order and dropout")
+    device: str = opt("auto", "'auto' (cuda when available), 'cpu', 'cuda', 'cuda:1', ...")
+    checkpoint_every: int = opt(10, "save a checkpoint every k optimizer steps (0 = off)")
+    n_bins: int = opt(10, "bins of the ECE metrics and reliability diagrams")
+    n_boot: int = opt(200, "bootstrap resamples for the ECE intervals")
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    calm: CalmConfig = field(default_factory=CalmConfig)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def hash(self) -> str:
+        """sha256 of everything that changes results (not where they go or the resume flag)."""
+        d = self.to_dict()
+        for k in ("out", "resume", "checkpoint_every"):
+            d.pop(k)
+        return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
+
+    def save(self, run_dir: str | Path) -> Path:
+        path = Path(run_dir) / "config.json"
+        path.write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+        return path
+
+
+SECTIONS = ("model", "data", "train", "calm")
+
+
+def _leaf_fields() -> list[tuple[str | None, dataclasses.Field]]:
+    """(section or None, field) for every option, sections flattened."""
+    out: list[tuple[str | None, dataclasses.Field]] = []
+    for f in fields(Config):
+        if f.name in SECTIONS:
+            out.extend((f.name, g) for g in fields(f.default_factory))  # type: ignore[misc]
+        else:
+            out.append((None, f))
+    return out
+
+
+def _flag(f: dataclasses.Field) -> str:
+    return f.metadata.get("flag") or "--" + f.name.replace("_", "-")
+
+
+def _type_of(f: dataclasses.Field) -> type:
+    default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+    return type(default)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """argparse parser with one flag per field; help shows the default. Unset flags are absent."""
+    p = argparse.ArgumentParser(
+        prog="python -m apps.calm_llm",
+        description="CALM: bilevel calibration of an LLM, with baselines and ablations, "
+        "evaluated in-domain and out-of-domain.",
+    )
+    p.add_argument(
+        "--config",
+        default=None,
+        help="YAML/JSON file (nested by section) or preset name "
+        "(default, tiny, paper-7b); command-line flags override it",
+    )
+    seen: set[str] = set()
+    groups: dict[str | None, Any] = {None: p.add_argument_group("run")}
+    for sec in SECTIONS:
+        groups[sec] = p.add_argument_group(sec)
+    for sec, f in _leaf_fields():
+        flag = _flag(f)
+        if flag in seen:  # a programming error: flat CLI needs unique names
+            raise RuntimeError(f"duplicate flag {flag}")
+        seen.add(flag)
+        t = _type_of(f)
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        kw: dict[str, Any] = {
+            "dest": f"{sec}.{f.name}" if sec else f.name,
+            "default": argparse.SUPPRESS,
+            "help": f"{f.metadata['help']} (default: {default!r})",
+        }
+        if t is not bool and not f.metadata.get("choices"):
+            kw["metavar"] = f.name.upper()
+        if f.metadata.get("choices"):
+            kw["choices"] = f.metadata["choices"]
+        if t is bool:
+            kw["action"] = argparse.BooleanOptionalAction
+        elif t is list:
+            kw["nargs"] = "*"
+        else:
+            kw["type"] = t
+        groups[sec].add_argument(flag, **kw)
+    return p
+
+
+def resolve_config_file(name: str) -> Path:
+    """A path, or a preset name from apps/calm_llm/configs/."""
+    path = Path(name)
+    if path.is_file():
+        return path
+    for cand in (CONFIG_DIR / f"{name}.yaml", CONFIG_DIR / f"{name}.json"):
+        if cand.is_file():
+            return cand
+    presets = sorted(p.stem for p in CONFIG_DIR.glob("*.yaml") if not p.stem.startswith("accelerate"))
+    raise ConfigError(f"--config: no file {name!r} and no preset of that name (presets: {presets})")
+
+
+def load_file(path: str | Path) -> dict:
+    """Read a YAML or JSON config file into a (nested) dict."""
+    path = Path(path)
+    text = path.read_text()
+    if path.suffix == ".json":
+        data = json.loads(text)
+    else:
+        import yaml
+
+        data = yaml.safe_load(text)
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping of options")
+    return data
+
+
+def _coerce(name: str, f: dataclasses.Field, value: Any) -> Any:
+    t = _type_of(f)
+    if t is list:
+        if isinstance(value, str):
+            value = [value]
+        if not isinstance(value, list | tuple):
+            raise ConfigError(f"{name}: expected a list, got {value!r}")
+        return [str(v) for v in value]
+    if t is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{name}: expected true/false, got {value!r}")
+        return value
+    if t is float and isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
+    if t is int and isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if t is str and isinstance(value, str):
+        return value
+    raise ConfigError(f"{name}: expected {t.__name__}, got {value!r}")
+
+
+def from_dict(data: dict, base: Config | None = None) -> Config:
+    """Apply a nested dict (as in config.json / YAML presets) on top of `base` (default: defaults)."""
+    cfg = base if base is not None else Config()
+    cfg = dataclasses.replace(
+        cfg, **{s: dataclasses.replace(getattr(cfg, s)) for s in SECTIONS}
+    )
+    top = {f.name: f for f in fields(Config)}
+    for key, value in data.items():
+        if key not in top:
+            raise ConfigError(f"unknown option {key!r} (known: {sorted(top)})")
+        if key in SECTIONS:
+            if not isinstance(value, dict):
+                raise ConfigError(f"{key}: expected a mapping of options, got {value!r}")
+            sec = getattr(cfg, key)
+            sub = {f.name: f for f in fields(sec)}
+            for k, v in value.items():
+                if k not in sub:
+                    raise ConfigError(f"unknown option {key}.{k!r} (known: {sorted(sub)})")
+                setattr(sec, k, _coerce(f"{key}.{k}", sub[k], v))
+        else:
+            setattr(cfg, key, _coerce(key, top[key], value))
+    return cfg
+
+
+def parse_args(argv: list[str] | None = None) -> Config:
+    """defaults < --config FILE < CLI flags; then `validate`."""
+    ns = vars(build_parser().parse_args(argv))
+    cfg = Config()
+    config_file = ns.pop("config", None)
+    if config_file:
+        cfg = from_dict(load_file(resolve_config_file(config_file)), cfg)
+    nested: dict[str, Any] = {}
+    for dest, value in ns.items():
+        if "." in dest:
+            sec, name = dest.split(".", 1)
+            nested.setdefault(sec, {})[name] = value
+        else:
+            nested[dest] = value
+    cfg = from_dict(nested, cfg)
+    validate(cfg)
+    return cfg
+
+
+def _check(ok: bool, msg: str) -> None:
+    if not ok:
+        raise ConfigError(msg)
+
+
+def _kv(name: str, entries: list[str]) -> dict[str, str]:
+    out = {}
+    for e in entries:
+        _check("=" in e, f"--{name}: expected NAME=VALUE, got {e!r}")
+        k, v = e.split("=", 1)
+        out[k] = v
+    return out
+
+
+def data_files(cfg: Config) -> dict[str, str]:
+    """--data-files as {source: path}."""
+    return _kv("data-files", cfg.data.data_files)
+
+
+def data_hub(cfg: Config) -> dict[str, str]:
+    """--data-hub as {source: hub name}."""
+    return _kv("data-hub", cfg.data.data_hub)
+
+
+def validate(cfg: Config) -> None:
+    """Raise ConfigError for any value or combination that cannot work. Loads nothing heavy."""
+    for sec, f in _leaf_fields():
+        obj = getattr(cfg, sec) if sec else cfg
+        value = getattr(obj, f.name)
+        choices = f.metadata.get("choices")
+        name = _flag(f)
+        if choices and value not in choices:
+            raise ConfigError(f"{name}: {value!r} is not one of {list(choices)}")
+        if isinstance(value, int | float) and not isinstance(value, bool) and value < 0:
+            raise ConfigError(f"{name}: must be >= 0, got {value}")
+    _check(len(cfg.methods) > 0, "--methods: give at least one method")
+    for m in cfg.methods:
+        _check(m in METHODS, f"--methods: unknown method {m!r} (known: {list(METHODS)})")
+    _check(len(set(cfg.methods)) == len(cfg.methods), "--methods: a method is listed twice")
+    m, d, t, c = cfg.model, cfg.data, cfg.train, cfg.calm
+    _check(m.max_length >= 8, "--max-length: must be at least 8")
+    _check(m.lora_r >= 1, "--lora-r: must be at least 1")
+    _check(m.lora_alpha > 0, "--lora-alpha: must be positive")
+    _check(m.lora_dropout < 1, "--lora-dropout: must be < 1")
+    _check(len(m.lora_target_modules) > 0, "--lora-target-modules: give at least one module")
+    _check(m.tiny_hidden >= 8 and m.tiny_layers >= 1, "--tiny-hidden/--tiny-layers too small")
+    if m.quantization != "none":
+        _check(
+            importlib.util.find_spec("bitsandbytes") is not None,
+            f"--quantization {m.quantization}: needs the bitsandbytes package "
+            "(pip install bitsandbytes; CUDA only)",
+        )
+    _check(d.max_options >= 2, "--max-options: must be at least 2")
+    _check(len(d.in_domain) > 0, "--in-domain: give at least one source")
+    files, hub = data_files(cfg), data_hub(cfg)
+    for src in [*d.in_domain, *d.out_of_domain]:
+        _check(
+            src in MCQA_SOURCES or src in files or src in hub,
+            f"unknown MCQA source {src!r}: one of {list(MCQA_SOURCES)}, or give its file with "
+            f"--data-files {src}=PATH or its hub name with --data-hub {src}=ORG/NAME",
+        )
+    if d.instruction_data:
+        _check(
+            d.instruction_data in files or d.instruction_data in hub,
+            f"--instruction-data {d.instruction_data!r}: give its file with --data-files "
+            f"{d.instruction_data}=PATH or its hub name with --data-hub",
+        )
+    _check(d.n_calib >= 2, "--n-calib: need at least 2 calibration questions")
+    _check(d.n_test >= 1, "--n-test: need at least 1 test question per in-domain source")
+    trains = [x for x in cfg.methods if x not in ("none", "ts")]
+    if trains:
+        _check(t.steps >= 1, f"--steps: must be >= 1 to train {trains}")
+        _check(d.n_train >= 1, f"--n-train: must be >= 1 to train {trains}")
+    _check(t.lr > 0, f"--lr: must be positive, got {t.lr}")
+    _check(t.batch_size >= 1 and t.calib_batch_size >= 1 and t.eval_batch_size >= 1,
+           "batch sizes must be at least 1")
+    _check(t.grad_accum >= 1, "--grad-accum: must be at least 1")
+    _check(t.warmup_ratio < 1, "--warmup-ratio: must be < 1")
+    _check(t.label_smoothing < 1, "--label-smoothing: must be < 1")
+    _check(t.rcft_weight <= 1, "--rcft-weight: must be in [0, 1]")
+    _check(t.rcft_bins >= 2, "--rcft-bins: must be at least 2")
+    _check(c.alpha_lr > 0, f"--alpha-lr: must be positive, got {c.alpha_lr}")
+    _check(c.inner_lr > 0, f"--inner-lr: must be positive, got {c.inner_lr}")
+    _check(c.inner_steps >= 1, "--inner-steps: must be at least 1")
+    _check(c.cg_maxiter >= 1, "--cg-maxiter: must be at least 1")
+    if c.alpha_scope == "options":
+        _check(
+            d.mode == "letter",
+            "--alpha-scope options needs --mode letter (in cloze mode the answer is scored over "
+            "the whole vocabulary, so α must be over the vocabulary: --alpha-scope vocab)",
+        )
+    if c.upper_objective == "answer_tokens":
+        _check(d.mode == "cloze", "--upper-objective answer_tokens needs --mode cloze")
+    if c.solver in ("itd", "aid"):
+        _check(
+            m.attn_implementation != "sdpa",
+            f"--solver {c.solver} differentiates twice; --attn-implementation sdpa has no double "
+            "backward (use auto or eager)",
+        )
+    if d.instruction_data and d.mode == "letter" and "rcft" in cfg.methods:
+        raise ConfigError("rcft needs MCQA training data (its regularizer uses option probabilities)")
+
+
+def needs_second_order(cfg: Config) -> bool:
+    """True when some method differentiates through gradients (eager attention required)."""
+    calm_like = {"calm", "calm_scalar"}
+    return cfg.calm.solver in ("itd", "aid") and bool(calm_like & set(cfg.methods))
