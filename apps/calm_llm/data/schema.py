@@ -1,0 +1,97 @@
+"""The unified records every source maps to, and the tensor batch every model call consumes.
+
+Shapes in `Batch`: S sequences, N questions, L tokens, K = max_options.
+Letter mode: S = N (one left-padded sequence per question).
+Cloze mode: S = sum of n_options (one right-padded sequence per (question, option)),
+or S = N with ``options="gold"``.
+Instruction mode: S = N (one right-padded sequence per instruction example).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import torch
+
+
+@dataclass(frozen=True)
+class MCQAExample:
+    """One multiple-choice question.
+
+    ``label`` indexes ``options`` (0-based); ``id`` is stable across runs
+    (``source:original_id`` or ``source:sha1(content)``) so splits can be recorded.
+    """
+
+    id: str
+    question: str
+    options: tuple[str, ...]
+    label: int
+    source: str
+
+    def __post_init__(self) -> None:
+        if len(self.options) < 2:
+            raise ValueError(f"MCQAExample {self.id!r}: needs at least 2 options, got {len(self.options)}")
+        if not 0 <= self.label < len(self.options):
+            raise ValueError(
+                f"MCQAExample {self.id!r}: label {self.label} outside 0..{len(self.options) - 1}"
+            )
+
+
+@dataclass(frozen=True)
+class InstructionExample:
+    """One Alpaca-format instruction: the loss falls on ``output`` only."""
+
+    id: str
+    instruction: str
+    input: str
+    output: str
+    source: str
+
+
+@dataclass
+class Batch:
+    """Tensors for one forward pass plus the bookkeeping that maps sequences to questions.
+
+    ``target_ids[s, t]`` is the token that ``logits[s, t]`` should predict (already shifted);
+    -100 where there is no loss. ``labels`` (N,) is the gold option (-1 for instructions).
+    ``seq_question``/``seq_option`` (S,) say which question/option a sequence carries
+    (letter and instruction: ``arange(N)`` and -1). ``cont_chars`` (S,) is the character count
+    of each option continuation (cloze per-char normalization; letter: 1, instruction: 0).
+    ``option_token_ids`` (K,) is set in letter mode: the vocabulary ids of the option letters.
+    """
+
+    mode: str
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    position_ids: torch.Tensor
+    target_ids: torch.Tensor
+    labels: torch.Tensor
+    n_options: torch.Tensor
+    seq_question: torch.Tensor
+    seq_option: torch.Tensor
+    cont_chars: torch.Tensor
+    option_token_ids: torch.Tensor | None = None
+
+    @property
+    def n_questions(self) -> int:
+        return int(self.labels.shape[0])
+
+    @property
+    def n_sequences(self) -> int:
+        return int(self.input_ids.shape[0])
+
+    def to(self, device: torch.device | str) -> Batch:
+        """A copy with every tensor moved to ``device``."""
+        moved = {}
+        for f in fields(self):
+            v = getattr(self, f.name)
+            moved[f.name] = v.to(device) if isinstance(v, torch.Tensor) else v
+        return Batch(**moved)
+
+    def model_inputs(self) -> dict[str, torch.Tensor]:
+        """The keyword arguments for a Hugging Face causal LM forward."""
+        return {
+            "input_ids": self.input_ids,
+            "attention_mask": self.attention_mask,
+            "position_ids": self.position_ids,
+        }
