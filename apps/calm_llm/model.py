@@ -1,0 +1,206 @@
+"""Loading a causal LM with LoRA, and a functional forward over the LoRA tensors.
+
+The bilevel solvers need objectives that are plain functions of pytrees, so the model is called
+through ``torch.func.functional_call(model, inner, ...)``: ``inner`` maps LoRA parameter names to
+tensors (the solver's own copies during inner steps); every other weight is the frozen base.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from .config import ModelConfig
+
+DEFAULT_MODEL_NAMES = ("smollm2", "default")
+TINY_MODEL_NAME = "tiny"
+
+
+def resolve_device(name: str) -> torch.device:
+    """'auto' -> cuda when available, else cpu."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def _torch_dtype(name: str) -> torch.dtype:
+    return {"fp32": torch.float32, "bf16": torch.bfloat16}[name]
+
+
+def _quantization_config(mc: ModelConfig) -> Any:
+    if mc.quantization == "none":
+        return None
+    if importlib.util.find_spec("bitsandbytes") is None:
+        raise RuntimeError(
+            f"--quantization {mc.quantization} needs the bitsandbytes package "
+            "(pip install bitsandbytes; it runs on CUDA GPUs)"
+        )
+    from transformers import BitsAndBytesConfig
+
+    if mc.quantization == "4bit":
+        return BitsAndBytesConfig(
+            load_in_4bit=True,
+            bnb_4bit_quant_type="nf4",
+            bnb_4bit_use_double_quant=True,
+            bnb_4bit_compute_dtype=_torch_dtype(mc.dtype),
+        )
+    return BitsAndBytesConfig(load_in_8bit=True)
+
+
+def load_base(mc: ModelConfig, *, eager: bool = False, seed: int = 0) -> tuple[nn.Module, Any]:
+    """The base causal LM and its tokenizer, all weights frozen.
+
+    ``eager`` forces ``attn_implementation="eager"`` (needed by second-order solvers: the fused
+    SDPA kernels have no double backward).
+    """
+    attn = "eager" if eager else (None if mc.attn_implementation == "auto" else mc.attn_implementation)
+    if mc.name_or_path == TINY_MODEL_NAME:
+        from .assets import tiny_model_and_tokenizer
+
+        model, tok = tiny_model_and_tokenizer(seed, hidden=mc.tiny_hidden, layers=mc.tiny_layers)
+        model = model.to(_torch_dtype(mc.dtype))
+        if attn:
+            model.set_attn_implementation(attn)
+    else:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        if mc.name_or_path in DEFAULT_MODEL_NAMES:
+            from .assets import default_model_dir
+
+            path: str | Path = default_model_dir()
+        else:
+            path = mc.name_or_path
+        kwargs: dict[str, Any] = {"dtype": _torch_dtype(mc.dtype)}
+        if attn:
+            kwargs["attn_implementation"] = attn
+        quant = _quantization_config(mc)
+        if quant is not None:
+            kwargs["quantization_config"] = quant
+        model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
+        tok = AutoTokenizer.from_pretrained(path)
+    if tok.pad_token is None:  # many chat models ship without one; padding is masked anyway
+        tok.pad_token = tok.eos_token
+    for p in model.parameters():
+        p.requires_grad_(False)
+    return model, tok
+
+
+def add_lora(model: nn.Module, mc: ModelConfig, *, seed: int = 0) -> nn.Module:
+    """Wrap with peft LoRA adapters; only the adapters require grad. LoRA A is drawn with `seed`."""
+    from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
+
+    targets: str | list[str] = list(mc.lora_target_modules)
+    if targets == ["all-linear"]:
+        targets = "all-linear"
+    if mc.quantization != "none":
+        model = prepare_model_for_kbit_training(
+            model, use_gradient_checkpointing=mc.gradient_checkpointing
+        )
+    lcfg = LoraConfig(
+        r=mc.lora_r,
+        lora_alpha=mc.lora_alpha,
+        lora_dropout=mc.lora_dropout,
+        target_modules=targets,
+        task_type="CAUSAL_LM",
+        bias="none",
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        try:
+            peft_model = get_peft_model(model, lcfg)
+        except ValueError as e:  # peft's message lists the modules it did find
+            raise ValueError(f"--lora-target-modules {mc.lora_target_modules}: {e}") from e
+    if mc.gradient_checkpointing:
+        # non-reentrant checkpointing works with functional_call and with frozen inputs
+        peft_model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    return peft_model
+
+
+@dataclass
+class CausalLM:
+    """A LoRA-wrapped causal LM seen as a function of its LoRA tensors.
+
+    Attributes:
+        model: the peft model (base frozen, adapters trainable).
+        tokenizer: its tokenizer.
+        device: where inputs are moved.
+    """
+
+    model: nn.Module
+    tokenizer: Any
+    device: torch.device
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.model.get_output_embeddings().weight.shape[0])
+
+    def inner(self) -> dict[str, torch.Tensor]:
+        """The live LoRA parameters {name: Parameter} (the inner variables θ)."""
+        return {n: p for n, p in self.model.named_parameters() if p.requires_grad}
+
+    def inner_state(self) -> dict[str, torch.Tensor]:
+        """Detached copies of the LoRA tensors (for resetting and checkpoints)."""
+        return {n: p.detach().clone() for n, p in self.inner().items()}
+
+    @torch.no_grad()
+    def load_inner(self, state: dict[str, torch.Tensor]) -> None:
+        """Copy tensors into the LoRA parameters; every name must match."""
+        params = self.inner()
+        missing = set(params) - set(state)
+        extra = set(state) - set(params)
+        if missing or extra:
+            raise KeyError(f"LoRA state mismatch: missing {sorted(missing)[:3]}, extra {sorted(extra)[:3]}")
+        for n, p in params.items():
+            p.copy_(state[n].to(p.device, p.dtype))
+
+    def logits(
+        self, inner: dict[str, torch.Tensor] | None, batch: Any, *, last_only: bool = False
+    ) -> torch.Tensor:
+        """Vocabulary logits (S, L, V), or (S, 1, V) at the last column when ``last_only``; float32.
+
+        ``inner`` (LoRA name -> tensor) replaces those parameters for this call only
+        (``torch.func.functional_call``), so gradients flow to whatever tensors are passed;
+        ``None`` uses the module's own parameters.
+        """
+        kwargs: dict[str, Any] = {
+            "input_ids": batch.input_ids,
+            "attention_mask": batch.attention_mask,
+            "position_ids": batch.position_ids,
+            "use_cache": False,
+        }
+        if last_only:
+            kwargs["logits_to_keep"] = 1
+        if inner is None:
+            out = self.model(**kwargs)
+        else:
+            out = torch.func.functional_call(self.model, inner, args=(), kwargs=kwargs, strict=False)
+        return out.logits.float()
+
+    @contextlib.contextmanager
+    def mode(self, train: bool):
+        """Temporarily set train/eval mode (LoRA dropout)."""
+        was = self.model.training
+        self.model.train(train)
+        try:
+            yield
+        finally:
+            self.model.train(was)
+
+
+def load(mc: ModelConfig, *, device: torch.device, eager: bool = False, seed: int = 0) -> CausalLM:
+    """Base model + tokenizer + LoRA adapters on `device`, in eval mode."""
+    base, tok = load_base(mc, eager=eager, seed=seed)
+    if mc.quantization == "none":
+        base = base.to(device)
+    model = add_lora(base, mc, seed=seed)
+    model.eval()
+    n_train = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    if n_train == 0:
+        raise ValueError(f"--lora-target-modules {mc.lora_target_modules}: no LoRA parameters created")
+    return CausalLM(model=model, tokenizer=tok, device=device)
