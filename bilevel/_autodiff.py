@@ -1,0 +1,76 @@
+"""Gradient helpers shared by the hypergradient methods and the solvers.
+
+All derivatives go through ``torch.autograd.grad`` on fresh leaf aliases of the caller's
+tensors, never ``.backward()``: nothing is ever accumulated into a ``.grad`` field, neither the
+caller's nor a model's frozen parameters (which may well have ``requires_grad=True``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+__all__ = ["grad", "leaf_aliases", "vjp"]
+
+
+def leaf_aliases(xs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """New autograd leaves sharing storage with ``xs`` (no copy), requiring grad.
+
+    The solvers never modify these in place, so sharing storage with the caller is safe and
+    costs no memory (for LoRA-sized inner variables a copy would be 1e5–1e7 floats).
+    """
+    return [x.detach().requires_grad_(True) for x in xs]
+
+
+def grad(
+    output: torch.Tensor,
+    inputs: Sequence[torch.Tensor],
+    *,
+    create_graph: bool = False,
+    retain_graph: bool | None = None,
+) -> list[torch.Tensor]:
+    """∂output/∂inputs as a list; inputs the output does not depend on get zeros."""
+    inputs = list(inputs)
+    if not output.requires_grad:
+        # The objective ignored every input (e.g. an upper level that only reads θ, asked
+        # for ∂/∂α): the gradient is zero, not an error.
+        return [torch.zeros_like(x) for x in inputs]
+    return list(
+        torch.autograd.grad(
+            output,
+            inputs,
+            create_graph=create_graph,
+            retain_graph=retain_graph,
+            allow_unused=True,
+            materialize_grads=True,
+        )
+    )
+
+
+def vjp(
+    outputs: Sequence[torch.Tensor],
+    inputs: Sequence[torch.Tensor],
+    cotangents: Sequence[torch.Tensor],
+    *,
+    retain_graph: bool,
+) -> list[torch.Tensor]:
+    """Σ_i cotangent_iᵀ ∂output_i/∂inputs, skipping outputs that are constants.
+
+    An output without autograd history (e.g. the gradient of a lower objective that is
+    linear in θ) contributes zero, which ``torch.autograd.grad`` would reject.
+    """
+    pairs = [(o, c) for o, c in zip(outputs, cotangents) if o.requires_grad]
+    if not pairs:
+        return [torch.zeros_like(x) for x in inputs]
+    outs, cots = zip(*pairs)
+    return list(
+        torch.autograd.grad(
+            outs,
+            list(inputs),
+            grad_outputs=cots,
+            retain_graph=retain_graph,
+            allow_unused=True,
+            materialize_grads=True,
+        )
+    )

@@ -1,0 +1,242 @@
+"""Applying a solver's directions with torch.optim optimizers, and a small training loop.
+
+    result = solver.step(problem, outer, inner, upper_batch=ub, lower_batch=lb)
+    bilevel.apply(result, outer, inner, outer_optimizer=opt_a, inner_optimizer=opt_t)
+
+or, for the whole loop with progress reporting and an info history::
+
+    history = bilevel.fit(problem, solver, outer, inner, steps=500,
+                          outer_optimizer=opt_a, inner_optimizer=opt_t,
+                          upper_batch=ub, lower_batch=lb)
+
+``outer`` and ``inner`` are the pytrees of leaf tensors the optimizers hold (e.g. dicts of
+``nn.Parameter``). ``apply`` sets each leaf's ``.grad`` to its direction and calls
+``optimizer.step()``; it never calls ``backward``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+import torch
+
+from . import tree
+from .problem import Problem
+from .solvers.base import StepResult
+
+__all__ = ["History", "Solver", "apply", "fit"]
+
+logger = logging.getLogger("bilevel")
+
+_SHOWN = ("upper_loss", "lower_loss", "lambda", "q")
+
+
+class Solver(Protocol):
+    def step(
+        self, problem: Problem, outer: Any, inner: Any, *, upper_batch: Any, lower_batch: Any
+    ) -> StepResult: ...
+
+
+@dataclass
+class History:
+    """``records[k]`` is the ``info`` dict of outer step k (plus ``"step": k``)."""
+
+    records: list[dict[str, float]] = field(default_factory=list)
+
+    def column(self, name: str) -> list[float]:
+        """The values of one info key over the steps that reported it."""
+        return [r[name] for r in self.records if name in r]
+
+    @property
+    def last(self) -> dict[str, float]:
+        if not self.records:
+            raise IndexError("History is empty")
+        return self.records[-1]
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+
+def _set_grads(params: Any, directions: Any, name: str) -> None:
+    ps, pspec = tree.flatten(params, name=name)
+    ds, dspec = tree.flatten(directions, name=f"{name} direction")
+    if pspec != dspec:
+        tree.check_same_structure(params, directions, (name, f"{name} direction"))
+    for k, (p, d) in enumerate(zip(ps, ds)):
+        if not p.is_leaf:
+            raise ValueError(
+                f"apply: {name} leaf {k} is not a leaf tensor; pass the tensors the optimizer "
+                "holds (e.g. nn.Parameter or torch.zeros(..., requires_grad=True))"
+            )
+        if p.shape != d.shape:
+            raise ValueError(
+                f"apply: {name} leaf {k} has shape {tuple(p.shape)} but its direction has "
+                f"shape {tuple(d.shape)}"
+            )
+        p.grad = d.detach().to(dtype=p.dtype, device=p.device)
+
+
+def apply(
+    result: StepResult,
+    outer: Any,
+    inner: Any,
+    *,
+    outer_optimizer: torch.optim.Optimizer | None,
+    inner_optimizer: torch.optim.Optimizer | None = None,
+    inner_update: Literal["optimizer", "solution"] = "optimizer",
+) -> None:
+    """Step the optimizers along ``result``'s directions.
+
+    ``inner_update="optimizer"``: θ takes one ``inner_optimizer`` step along
+    ``result.inner_grad`` (BOME's joint update; one warm-started inner step for ITD/AID).
+    ``inner_update="solution"``: θ is overwritten by ``result.inner_solution`` (classic
+    ITD/AID warm start from θ^(T)); ``inner_optimizer`` must then be None.
+    A ``None`` optimizer leaves its variables unchanged.
+    """
+    if inner_update not in ("optimizer", "solution"):
+        raise ValueError(
+            f"apply: inner_update must be 'optimizer' or 'solution', got {inner_update!r}"
+        )
+    if outer_optimizer is not None:
+        _set_grads(outer, result.outer_grad, "outer")
+        outer_optimizer.step()
+    if inner_update == "solution":
+        if inner_optimizer is not None:
+            raise ValueError(
+                "apply: inner_update='solution' copies θ^(T); pass inner_optimizer=None"
+            )
+        if result.inner_solution is None:
+            raise ValueError("apply: this result has no inner_solution to copy")
+        tree.check_same_structure(inner, result.inner_solution, ("inner", "inner_solution"))
+        with torch.no_grad():
+            for p, s in zip(tree.leaves(inner), tree.leaves(result.inner_solution)):
+                p.copy_(s)
+    elif inner_optimizer is not None:
+        _set_grads(inner, result.inner_grad, "inner")
+        inner_optimizer.step()
+
+
+def _batch_source(
+    batches: Callable[[int], tuple[Any, Any]] | Iterable[tuple[Any, Any]] | None,
+    upper_batch: Any,
+    lower_batch: Any,
+) -> Callable[[int], tuple[Any, Any]]:
+    if batches is None:
+        return lambda _k: (upper_batch, lower_batch)
+    if callable(batches):
+        return batches
+    iterator: Iterator[tuple[Any, Any]] = iter(batches)
+
+    def nxt(k: int) -> tuple[Any, Any]:
+        try:
+            pair = next(iterator)
+        except StopIteration:
+            raise StopIteration from None
+        if not (isinstance(pair, tuple) and len(pair) == 2):
+            raise TypeError(
+                f"fit: batches must yield (upper_batch, lower_batch) pairs; item {k} is {type(pair).__name__}"
+            )
+        return pair
+
+    return nxt
+
+
+class _Progress:
+    """tqdm if it is installed (it is not a core dependency), else periodic log lines."""
+
+    def __init__(self, total: int, enabled: bool, log_every: int, desc: str) -> None:
+        self.bar = None
+        self.enabled, self.log_every, self.desc, self.total = enabled, log_every, desc, total
+        if enabled:
+            try:
+                from tqdm.auto import tqdm
+            except ImportError:
+                tqdm = None
+            if tqdm is not None:
+                self.bar = tqdm(total=total, desc=desc)
+
+    def update(self, k: int, info: dict[str, float]) -> None:
+        if not self.enabled:
+            return
+        shown = {key: info[key] for key in _SHOWN if key in info}
+        if self.bar is not None:
+            self.bar.set_postfix({key: f"{v:.4g}" for key, v in shown.items()}, refresh=False)
+            self.bar.update(1)
+        elif (k + 1) % self.log_every == 0 or k + 1 == self.total:
+            text = " ".join(f"{key}={v:.4g}" for key, v in shown.items())
+            logger.info("%s step %d/%d %s", self.desc, k + 1, self.total, text)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def fit(
+    problem: Problem,
+    solver: Solver,
+    outer: Any,
+    inner: Any,
+    *,
+    steps: int,
+    outer_optimizer: torch.optim.Optimizer | None,
+    inner_optimizer: torch.optim.Optimizer | None = None,
+    upper_batch: Any = None,
+    lower_batch: Any = None,
+    batches: Callable[[int], tuple[Any, Any]] | Iterable[tuple[Any, Any]] | None = None,
+    inner_update: Literal["optimizer", "solution"] = "optimizer",
+    callback: Callable[[int, StepResult], bool | None] | None = None,
+    progress: bool = True,
+    log_every: int = 10,
+    desc: str | None = None,
+) -> History:
+    """Run ``steps`` outer steps of ``solver`` and apply them with the optimizers.
+
+    Args:
+        problem, solver: what to solve and how (``BOME``, ``ITD``, ``AID``, or any object
+            with the same ``step``).
+        outer, inner: pytrees of the leaf tensors the optimizers hold; updated in place.
+        steps: number of outer steps (stops earlier if ``batches`` runs out).
+        outer_optimizer, inner_optimizer: any ``torch.optim`` optimizers (see :func:`apply`).
+        upper_batch, lower_batch: fixed batches, used when ``batches`` is None.
+        batches: a callable ``step -> (upper_batch, lower_batch)`` or an iterable of pairs.
+        inner_update: ``"optimizer"`` or ``"solution"`` (see :func:`apply`).
+        callback: called as ``callback(step, result)`` after each update; returning True
+            stops the loop.
+        progress: show a tqdm bar if tqdm is installed, else log every ``log_every`` steps
+            to the ``"bilevel"`` logger.
+
+    Returns:
+        The :class:`History` of every step's ``info``.
+    """
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
+        raise ValueError(f"fit: steps must be an int >= 0, got {steps!r}")
+    if not hasattr(solver, "step"):
+        raise TypeError(f"fit: solver must have a step(...) method, got {type(solver).__name__}")
+    source = _batch_source(batches, upper_batch, lower_batch)
+    history = History()
+    bar = _Progress(steps, progress, max(1, log_every), desc or type(solver).__name__)
+    try:
+        for k in range(steps):
+            try:
+                ub, lb = source(k)
+            except StopIteration:
+                break
+            result = solver.step(problem, outer, inner, upper_batch=ub, lower_batch=lb)
+            apply(
+                result,
+                outer,
+                inner,
+                outer_optimizer=outer_optimizer,
+                inner_optimizer=inner_optimizer,
+                inner_update=inner_update,
+            )
+            history.records.append({"step": float(k), **result.info})
+            bar.update(k, result.info)
+            if callback is not None and callback(k, result):
+                break
+    finally:
+        bar.close()
+    return history
