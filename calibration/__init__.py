@@ -1,0 +1,9 @@
+"""Calibration metrics, objectives, α parameterizations, post-hoc scaling and plots.
+
+Knows nothing about solvers or LLMs: imports torch and numpy only (matplotlib lazily, inside
+the plotting functions). See docs/calibration.md.
+"""
+
+from calibration import metrics
+
+__all__ = ["metrics"]

@@ -1,0 +1,98 @@
+"""Input conversion and validation shared by the metrics.
+
+Every metric accepts torch tensors or numpy arrays (or anything ``numpy.asarray`` accepts) and
+works internally on detached float64 CPU tensors: the metrics are reported numbers, not
+training losses, so precision matters more than speed and no autograd graph is needed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+# Rows of `probs` must sum to 1 within this absolute tolerance. Loose enough for float32
+# softmax outputs renormalized over a few option tokens (errors ~1e-6), tight enough to catch
+# logits or unnormalized scores passed by mistake. Cast bfloat16 probabilities to float32 and
+# renormalize before calling the metrics.
+ROW_SUM_ATOL = 1e-3
+
+
+def as_float64(x: Any, name: str) -> torch.Tensor:
+    """Detached float64 CPU tensor from a tensor, numpy array or nested sequence."""
+    if isinstance(x, torch.Tensor):
+        t = x.detach().to(device="cpu", dtype=torch.float64)
+    else:
+        arr = np.asarray(x)
+        if arr.dtype == object:
+            raise TypeError(f"{name} must be numeric, got an object array")
+        t = torch.from_numpy(arr.astype(np.float64, copy=True))
+    return t
+
+
+def as_labels(x: Any, name: str = "labels") -> torch.Tensor:
+    """Detached int64 CPU tensor; refuses float or bool dtypes (a common mix-up with probs)."""
+    if isinstance(x, torch.Tensor):
+        if x.is_floating_point() or x.is_complex() or x.dtype == torch.bool:
+            raise TypeError(f"{name} must have an integer dtype, got {x.dtype}")
+        return x.detach().to(device="cpu", dtype=torch.int64)
+    arr = np.asarray(x)
+    if not np.issubdtype(arr.dtype, np.integer):
+        raise TypeError(f"{name} must have an integer dtype, got {arr.dtype}")
+    return torch.from_numpy(arr.astype(np.int64, copy=True))
+
+
+def check_probs(probs: Any) -> torch.Tensor:
+    """Validate an (N, K) probability matrix; return it as float64.
+
+    Raises ValueError naming the problem: wrong rank, empty, fewer than 2 classes, NaN/inf,
+    entries outside [0, 1], or rows not summing to 1 within ``ROW_SUM_ATOL``.
+    """
+    p = as_float64(probs, "probs")
+    if p.ndim != 2:
+        raise ValueError(f"probs must have shape (N, K), got shape {tuple(p.shape)}")
+    n, k = p.shape
+    if n == 0:
+        raise ValueError("probs is empty (N = 0): metrics need at least one sample")
+    if k < 2:
+        raise ValueError(f"probs must have at least 2 classes (K >= 2), got K = {k}")
+    if not torch.isfinite(p).all():
+        raise ValueError("probs contains NaN or infinite values")
+    if (p < 0).any() or (p > 1).any():
+        raise ValueError(
+            f"probs must lie in [0, 1]; got min {p.min().item():.4g}, max {p.max().item():.4g}"
+            " (did you pass logits? apply softmax first)"
+        )
+    err = (p.sum(dim=1) - 1).abs()
+    if (err > ROW_SUM_ATOL).any():
+        i = int(err.argmax())
+        raise ValueError(
+            f"rows of probs must sum to 1 (tolerance {ROW_SUM_ATOL}); row {i} sums to "
+            f"{p[i].sum().item():.6g}"
+        )
+    return p
+
+
+def check_probs_labels(probs: Any, labels: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """Validate ``probs`` (N, K) and integer ``labels`` (N,) in [0, K); return float64, int64."""
+    p = check_probs(probs)
+    y = as_labels(labels)
+    if y.ndim != 1:
+        raise ValueError(f"labels must have shape (N,), got shape {tuple(y.shape)}")
+    if y.shape[0] != p.shape[0]:
+        raise ValueError(
+            f"probs and labels disagree on N: probs has {p.shape[0]} rows, labels has {y.shape[0]}"
+        )
+    k = p.shape[1]
+    if (y < 0).any() or (y >= k).any():
+        raise ValueError(
+            f"labels must lie in [0, K) = [0, {k}); got min {int(y.min())}, max {int(y.max())}"
+        )
+    return p, y
+
+
+def check_n_bins(n_bins: int) -> int:
+    if isinstance(n_bins, bool) or not isinstance(n_bins, (int, np.integer)) or n_bins < 1:
+        raise ValueError(f"n_bins must be a positive integer, got {n_bins!r}")
+    return int(n_bins)

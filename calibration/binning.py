@@ -1,0 +1,51 @@
+"""Assigning confidences to bins: the one convention every binned metric and objective shares.
+
+Equal-width bins split [0, 1] into ``n_bins`` intervals [b_k, b_{k+1}) with b_k = k / n_bins;
+the last bin is closed, [b_{n-1}, 1], so a confidence of exactly 1 lands in the top bin. This is
+``torch.bucketize(..., right=True) - 1`` on ``linspace(0, 1, n_bins + 1)`` (torchmetrics'
+convention) except at exactly 1.0, which torchmetrics puts in an extra bin of its own.
+
+Equal-mass bins use the empirical quantiles of the values as edges, so each bin holds about
+N / n_bins samples; ties stay together in one bin, which keeps the result invariant to the
+order of the samples.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+
+Binning = Literal["width", "mass"]
+
+
+def width_edges(n_bins: int, device: torch.device | None = None) -> torch.Tensor:
+    """Equal-width edges, shape (n_bins + 1,), float64: 0, 1/n, ..., 1."""
+    return torch.linspace(0.0, 1.0, n_bins + 1, dtype=torch.float64, device=device)
+
+
+def mass_edges(values: torch.Tensor, n_bins: int) -> torch.Tensor:
+    """Equal-mass edges, shape (n_bins + 1,): quantiles of ``values`` at k / n_bins."""
+    v = values.detach().to(torch.float64).reshape(-1)
+    q = torch.linspace(0.0, 1.0, n_bins + 1, dtype=torch.float64, device=v.device)
+    edges = torch.quantile(v, q)
+    # The outer edges span [0, 1] so that every value falls in some bin.
+    edges[0] = 0.0
+    edges[-1] = 1.0
+    return edges
+
+
+def bin_index(values: torch.Tensor, n_bins: int, binning: Binning = "width") -> torch.Tensor:
+    """Bin of each value, int64 in [0, n_bins), same shape as ``values`` (no gradient).
+
+    ``binning="width"``: [k/n, (k+1)/n), last bin closed. ``binning="mass"``: quantile edges.
+    """
+    if binning == "width":
+        edges = width_edges(n_bins, device=values.device)
+    elif binning == "mass":
+        edges = mass_edges(values, n_bins)
+    else:
+        raise ValueError(f"binning must be 'width' or 'mass', got {binning!r}")
+    v = values.detach().to(torch.float64)
+    idx = torch.bucketize(v, edges, right=True) - 1
+    return idx.clamp_(0, n_bins - 1)

@@ -1,0 +1,266 @@
+"""Calibration metrics over predicted probabilities and integer labels.
+
+Shapes: ``probs`` is (N, K) with rows summing to 1 (see ``_checks.ROW_SUM_ATOL``), ``labels`` is
+(N,) with integer classes in [0, K). Both may be torch tensors or numpy arrays; every metric
+returns a Python float computed in float64. Bins follow ``calibration.binning`` (equal width,
+[k/n, (k+1)/n), last bin closed). Formulas, with conf_i = max_j p_ij, pred_i = argmax_j p_ij,
+and B_k the samples whose confidence falls in bin k:
+
+- accuracy = (1/N) Σ_i 1[pred_i = y_i]
+- conf_ece = Σ_k (|B_k|/N) |acc(B_k) − conf(B_k)|       (Guo et al. 2017; CFT; CALM)
+- mce      = max_{k: B_k ≠ ∅} |acc(B_k) − conf(B_k)|
+- cw_ece   = (1/K) Σ_j Σ_k (|B_jk|/N) |mean_{B_jk} 1[y=j] − mean_{B_jk} p_j|, each class's
+  probability p_j binned on its own (the CFT paper's classwise ECE, any K)
+- brier    = (1/N) Σ_i Σ_j (p_ij − 1[y_i = j])²          (multiclass Brier, range [0, 2])
+- nll      = −(1/N) Σ_i log max(p_{i,y_i}, eps)
+- smooth_ece: kernel smooth ECE of the top-label confidence (``calibration.smooth_ece``)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+import torch
+
+from calibration._checks import check_n_bins, check_probs, check_probs_labels
+from calibration.binning import Binning, bin_index, mass_edges, width_edges
+from calibration.smooth_ece import smooth_ece_binary
+
+__all__ = [
+    "Interval",
+    "ReliabilityData",
+    "accuracy",
+    "bootstrap",
+    "brier",
+    "conf_ece",
+    "cw_ece",
+    "mce",
+    "mean_confidence",
+    "nll",
+    "reliability_data",
+    "smooth_ece",
+    "summary",
+]
+
+
+def _top_label(p: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(confidence, correctness) of the top-label prediction, both float64 of shape (N,)."""
+    conf, pred = p.max(dim=1)
+    return conf, (pred == y).to(torch.float64)
+
+
+def _binned(
+    conf: torch.Tensor, outcome: torch.Tensor, n_bins: int, binning: Binning = "width"
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per-bin (count, mean confidence, mean outcome), each (n_bins,); empty bins give NaN means."""
+    idx = bin_index(conf, n_bins, binning)
+    count = torch.zeros(n_bins, dtype=torch.float64).index_add_(0, idx, torch.ones_like(conf))
+    conf_sum = torch.zeros(n_bins, dtype=torch.float64).index_add_(0, idx, conf)
+    out_sum = torch.zeros(n_bins, dtype=torch.float64).index_add_(0, idx, outcome)
+    # 0/0 = NaN marks an empty bin; callers weight by count or skip it.
+    return count, conf_sum / count, out_sum / count
+
+
+def _ece_from_bins(count: torch.Tensor, mean_conf: torch.Tensor, mean_out: torch.Tensor) -> float:
+    nonempty = count > 0
+    gap = (mean_out[nonempty] - mean_conf[nonempty]).abs()
+    return float((count[nonempty] * gap).sum() / count.sum())
+
+
+def accuracy(probs: Any, labels: Any) -> float:
+    """Top-1 accuracy (1/N) Σ_i 1[argmax_j p_ij = y_i]. probs (N, K), labels (N,)."""
+    p, y = check_probs_labels(probs, labels)
+    return float(_top_label(p, y)[1].mean())
+
+
+def mean_confidence(probs: Any) -> float:
+    """Mean top-label confidence (1/N) Σ_i max_j p_ij. probs (N, K)."""
+    return float(check_probs(probs).max(dim=1).values.mean())
+
+
+def conf_ece(probs: Any, labels: Any, n_bins: int = 10, binning: Binning = "width") -> float:
+    """Top-label (confidence) ECE: Σ_k (|B_k|/N) |acc(B_k) − conf(B_k)|.
+
+    Args:
+        probs: (N, K) probabilities. labels: (N,) ints in [0, K).
+        n_bins: number of bins (10 in the CFT and CALM papers).
+        binning: "width" (equal-width bins, the papers' choice) or "mass" (equal-count bins,
+            quantile edges; less sensitive to where confidences cluster).
+    Returns: ECE in [0, 1].
+    """
+    p, y = check_probs_labels(probs, labels)
+    conf, correct = _top_label(p, y)
+    return _ece_from_bins(*_binned(conf, correct, check_n_bins(n_bins), binning))
+
+
+def mce(probs: Any, labels: Any, n_bins: int = 10, binning: Binning = "width") -> float:
+    """Maximum calibration error: max over non-empty bins of |acc(B_k) − conf(B_k)|.
+
+    Same arguments and bins as ``conf_ece``. Returns a value in [0, 1].
+    """
+    p, y = check_probs_labels(probs, labels)
+    conf, correct = _top_label(p, y)
+    count, mean_conf, mean_out = _binned(conf, correct, check_n_bins(n_bins), binning)
+    nonempty = count > 0
+    return float((mean_out[nonempty] - mean_conf[nonempty]).abs().max())
+
+
+def cw_ece(probs: Any, labels: Any, n_bins: int = 10) -> float:
+    """Classwise ECE as the CFT paper defines it, for any K.
+
+    cw_ece = (1/K) Σ_j Σ_k (|B_jk|/N) |mean_{i∈B_jk} 1[y_i=j] − mean_{i∈B_jk} p_ij|, where
+    B_jk are the samples whose probability for class j falls in equal-width bin k (each class's
+    column is binned on its own, over all N samples). probs (N, K), labels (N,).
+    """
+    p, y = check_probs_labels(probs, labels)
+    n, k = p.shape
+    n_bins = check_n_bins(n_bins)
+    onehot = torch.nn.functional.one_hot(y, k).to(torch.float64)
+    # Bin all K columns at once: flatten (sample, class) pairs into n_bins * K groups.
+    idx = bin_index(p, n_bins, "width") + n_bins * torch.arange(k).unsqueeze(0)
+    flat = idx.reshape(-1)
+    count = torch.zeros(n_bins * k, dtype=torch.float64).index_add_(
+        0, flat, torch.ones(n * k, dtype=torch.float64)
+    )
+    p_sum = torch.zeros(n_bins * k, dtype=torch.float64).index_add_(0, flat, p.reshape(-1))
+    y_sum = torch.zeros(n_bins * k, dtype=torch.float64).index_add_(0, flat, onehot.reshape(-1))
+    # Σ_k (|B_jk|/N)|ȳ − p̄| = (1/N) Σ_k |Σ_{B_jk} y − Σ_{B_jk} p|: no division by empty counts.
+    return float((y_sum - p_sum).abs().sum() / (n * k))
+
+
+def brier(probs: Any, labels: Any) -> float:
+    """Multiclass Brier score (1/N) Σ_i Σ_j (p_ij − 1[y_i=j])², in [0, 2]. probs (N, K)."""
+    p, y = check_probs_labels(probs, labels)
+    onehot = torch.nn.functional.one_hot(y, p.shape[1]).to(torch.float64)
+    return float(((p - onehot) ** 2).sum(dim=1).mean())
+
+
+def nll(probs: Any, labels: Any, eps: float = 1e-12) -> float:
+    """Negative log-likelihood −(1/N) Σ_i log max(p_{i,y_i}, eps).
+
+    ``eps`` keeps one zero-probability label from making the mean infinite; it caps each term
+    at −log(eps) ≈ 27.6 for the default. probs (N, K), labels (N,).
+    """
+    p, y = check_probs_labels(probs, labels)
+    return float(-p.gather(1, y[:, None]).clamp_min(eps).log().mean())
+
+
+def smooth_ece(probs: Any, labels: Any) -> float:
+    """Smooth ECE (Błasiok & Nakkiran 2023) of the top-label confidence vs correctness.
+
+    Bin-free: the residual 1[pred=y] − conf is smoothed with a reflected Gaussian kernel whose
+    width σ* is the fixed point smECE_σ* = σ* (see ``calibration.smooth_ece``). probs (N, K).
+    """
+    p, y = check_probs_labels(probs, labels)
+    conf, correct = _top_label(p, y)
+    return smooth_ece_binary(conf, correct).value
+
+
+@dataclass(frozen=True)
+class Interval:
+    """A point estimate with a bootstrap percentile interval [low, high]."""
+
+    estimate: float
+    low: float
+    high: float
+
+    def __str__(self) -> str:
+        return f"{self.estimate:.4f} [{self.low:.4f}, {self.high:.4f}]"
+
+
+def bootstrap(
+    metric: Callable[[Any, Any], float],
+    probs: Any,
+    labels: Any,
+    n: int = 1000,
+    seed: int = 0,
+    level: float = 0.95,
+) -> Interval:
+    """Percentile bootstrap interval for any ``metric(probs, labels) -> float``.
+
+    Draws ``n`` resamples of the N samples with replacement (numpy Generator seeded by
+    ``seed``), evaluates the metric on each, and returns the metric on the full data with the
+    ((1 − level)/2, (1 + level)/2) quantiles of the resampled values. Use
+    ``functools.partial(conf_ece, n_bins=15)`` to pass metric options.
+    """
+    p, y = check_probs_labels(probs, labels)
+    if not isinstance(n, int) or n < 1:
+        raise ValueError(f"n (number of resamples) must be a positive integer, got {n!r}")
+    if not 0.0 < level < 1.0:
+        raise ValueError(f"level must lie in (0, 1), got {level!r}")
+    rng = np.random.default_rng(seed)
+    size = p.shape[0]
+    values = np.empty(n, dtype=np.float64)
+    for b in range(n):
+        idx = torch.from_numpy(rng.integers(0, size, size=size))
+        values[b] = metric(p[idx], y[idx])
+    alpha = (1.0 - level) / 2.0
+    low, high = np.quantile(values, [alpha, 1.0 - alpha])
+    return Interval(estimate=float(metric(p, y)), low=float(low), high=float(high))
+
+
+@dataclass(frozen=True)
+class ReliabilityData:
+    """Per-bin statistics for a reliability diagram; arrays of shape (n_bins,).
+
+    ``confidence`` and ``accuracy`` are NaN for empty bins (``count == 0``). In classwise mode
+    the "accuracy" is the frequency of the event y = j among (sample, class j) pairs.
+    """
+
+    bin_lower: np.ndarray
+    bin_upper: np.ndarray
+    confidence: np.ndarray
+    accuracy: np.ndarray
+    count: np.ndarray
+
+
+def reliability_data(
+    probs: Any,
+    labels: Any,
+    n_bins: int = 10,
+    mode: Literal["top", "classwise"] = "top",
+    binning: Binning = "width",
+) -> ReliabilityData:
+    """Per-bin mean confidence, accuracy and count for a reliability diagram.
+
+    mode="top": bins the top-label confidence max_j p_ij against correctness (N points).
+    mode="classwise": pools all N·K (sample, class) pairs, binning p_ij against 1[y_i = j];
+    this is the pooled picture of what ``cw_ece`` averages per class.
+    """
+    p, y = check_probs_labels(probs, labels)
+    n_bins = check_n_bins(n_bins)
+    if mode == "top":
+        conf, outcome = _top_label(p, y)
+    elif mode == "classwise":
+        conf = p.reshape(-1)
+        outcome = torch.nn.functional.one_hot(y, p.shape[1]).to(torch.float64).reshape(-1)
+    else:
+        raise ValueError(f"mode must be 'top' or 'classwise', got {mode!r}")
+    count, mean_conf, mean_out = _binned(conf, outcome, n_bins, binning)
+    edges = width_edges(n_bins) if binning == "width" else mass_edges(conf, n_bins)
+    return ReliabilityData(
+        bin_lower=edges[:-1].numpy(),
+        bin_upper=edges[1:].numpy(),
+        confidence=mean_conf.numpy(),
+        accuracy=mean_out.numpy(),
+        count=count.numpy().astype(np.int64),
+    )
+
+
+def summary(probs: Any, labels: Any, n_bins: int = 10) -> dict[str, float]:
+    """All headline metrics at once: accuracy, conf_ece, cw_ece, mce, brier, nll,
+    mean_confidence, smooth_ece (each a float)."""
+    p, y = check_probs_labels(probs, labels)
+    return {
+        "accuracy": accuracy(p, y),
+        "conf_ece": conf_ece(p, y, n_bins=n_bins),
+        "cw_ece": cw_ece(p, y, n_bins=n_bins),
+        "mce": mce(p, y, n_bins=n_bins),
+        "brier": brier(p, y),
+        "nll": nll(p, y),
+        "mean_confidence": mean_confidence(p),
+        "smooth_ece": smooth_ece(p, y),
+    }
