@@ -122,9 +122,6 @@ def cw_ece(probs: Any, labels: Any, n_bins: int = 10) -> float:
     # Bin all K columns at once: flatten (sample, class) pairs into n_bins * K groups.
     idx = bin_index(p, n_bins, "width") + n_bins * torch.arange(k).unsqueeze(0)
     flat = idx.reshape(-1)
-    count = torch.zeros(n_bins * k, dtype=torch.float64).index_add_(
-        0, flat, torch.ones(n * k, dtype=torch.float64)
-    )
     p_sum = torch.zeros(n_bins * k, dtype=torch.float64).index_add_(0, flat, p.reshape(-1))
     y_sum = torch.zeros(n_bins * k, dtype=torch.float64).index_add_(0, flat, onehot.reshape(-1))
     # Σ_k (|B_jk|/N)|ȳ − p̄| = (1/N) Σ_k |Σ_{B_jk} y − Σ_{B_jk} p|: no division by empty counts.

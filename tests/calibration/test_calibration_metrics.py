@@ -215,8 +215,8 @@ def test_reliability_data_reproduces_ece(mode):
     assert data.count.sum() == n_points
     nonempty = data.count > 0
     assert np.isnan(data.confidence[~nonempty]).all()
-    assert ((data.confidence[nonempty] >= data.bin_lower[nonempty])).all()
-    assert ((data.confidence[nonempty] <= data.bin_upper[nonempty])).all()
+    assert (data.confidence[nonempty] >= data.bin_lower[nonempty]).all()
+    assert (data.confidence[nonempty] <= data.bin_upper[nonempty]).all()
     gap = np.nansum(data.count * np.abs(data.accuracy - data.confidence)) / n_points
     if mode == "top":
         assert gap == pytest.approx(metrics.conf_ece(probs, labels))
