@@ -189,10 +189,12 @@ class Implicit:
         outer_tree, inner_tree = tree.unflatten(alpha, ospec), tree.unflatten(theta, ispec)
         g = tape.lower(outer_tree, inner_tree, lower_batch, where)
         # Linearize once: the graph of ∇_θ g is built a single time and every Hessian-vector
-        # product below is one backward through it (retain_graph=True) — the "vjp once,
-        # pullback many times" scheme that matched torchopt in method-notes §3, where
-        # recomputing a forward-over-reverse HVP per CG iteration was 3–8× slower. As the
-        # Hessian is symmetric, the vector-Jacobian product of ∇_θ g is the HVP.
+        # product below is one backward through it (retain_graph=True); as the Hessian is
+        # symmetric, the vector-Jacobian product of ∇_θ g is the HVP. Measured here
+        # (logistic regression, d = 2000, n = 4000, 20 CG iterations, 1 CPU thread): this
+        # 57 ms, torch.func.vjp of torch.func.grad reused as a pullback 75 ms, a fresh
+        # forward-over-reverse jvp(grad) per iteration 344 ms. Plain autograd also leaves a
+        # model's frozen parameters alone even when they have requires_grad=True.
         gth = grad(g, theta, create_graph=True)
         f = tape.upper(outer_tree, inner_tree, upper_batch, where)
         df = grad(f, alpha + theta)
