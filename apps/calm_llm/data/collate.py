@@ -279,6 +279,7 @@ class Collator:
             seq_option=torch.tensor(seq_option, dtype=torch.long),
             cont_chars=torch.tensor(cont_chars, dtype=torch.long),
             option_token_ids=option_token_ids,
+            max_options=self.max_options,
         )
 
 

@@ -58,6 +58,7 @@ class Batch:
     (letter and instruction: ``arange(N)`` and -1). ``cont_chars`` (S,) is the character count
     of each option continuation (cloze per-char normalization; letter: 1, instruction: 0).
     ``option_token_ids`` (K,) is set in letter mode: the vocabulary ids of the option letters.
+    ``max_options`` is K, the width of the option-score matrix (the collator's setting).
     """
 
     mode: str
@@ -71,6 +72,7 @@ class Batch:
     seq_option: torch.Tensor
     cont_chars: torch.Tensor
     option_token_ids: torch.Tensor | None = None
+    max_options: int | None = None
 
     @property
     def n_questions(self) -> int:
