@@ -160,9 +160,18 @@ class CausalLM:
             p.copy_(state[n].to(p.device, p.dtype))
 
     def logits(
-        self, inner: dict[str, torch.Tensor] | None, batch: Any, *, last_only: bool = False
+        self,
+        inner: dict[str, torch.Tensor] | None,
+        batch: Any,
+        *,
+        last_only: bool = False,
+        keep: int = 0,
     ) -> torch.Tensor:
-        """Vocabulary logits (S, L, V), or (S, 1, V) at the last column when ``last_only``; float32.
+        """Vocabulary logits (S, L, V), float32; only the last column (S, 1, V) when
+        ``last_only``, only the last ``keep`` columns (S, keep, V) when ``keep > 0``.
+
+        Keeping fewer columns skips the output projection (and the V-wide tensors after it)
+        where there is no target; with V ≈ 50k that projection dominates memory.
 
         ``inner`` (LoRA name -> tensor) replaces those parameters for this call only
         (``torch.func.functional_call``), so gradients flow to whatever tensors are passed;
@@ -174,8 +183,8 @@ class CausalLM:
             "position_ids": batch.position_ids,
             "use_cache": False,
         }
-        if last_only:
-            kwargs["logits_to_keep"] = 1
+        if last_only or keep:
+            kwargs["logits_to_keep"] = 1 if last_only else int(keep)
         if inner is None:
             out = self.model(**kwargs)
         else:

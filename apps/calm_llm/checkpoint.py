@@ -1,0 +1,178 @@
+"""Checkpoints of a method's training: safetensors for tensors, JSON for everything else.
+
+A checkpoint (``<run>/checkpoints/<method>/``) holds ``state.safetensors`` — LoRA tensors
+(``lora.*``), α (``alpha.*``), the method's extra tensors (``extra.*``), optimizer state tensors
+(``opt.<name>.<param index>.<key>``) and torch RNG states (``rng.*``) — and ``state.json`` — step,
+config hash, data-stream positions, optimizer param groups and scalar state, scheduler states,
+Python/NumPy RNG states and the loss history. Nothing is unpickled when loading, so a downloaded
+run directory cannot run code. Writes go to a temporary folder renamed into place, so a run
+killed while saving keeps its previous checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from safetensors.torch import load_file, save_file
+
+FORMAT = 1
+
+
+def _tensor(x: torch.Tensor) -> torch.Tensor:
+    return x.detach().to("cpu").contiguous().clone()
+
+
+def rng_state() -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """All RNG states: torch (CPU + every CUDA device) as tensors, Python and NumPy as JSON."""
+    tensors = {"rng.torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        for i, s in enumerate(torch.cuda.get_rng_state_all()):
+            tensors[f"rng.cuda.{i}"] = s
+    version, state, gauss = random.getstate()
+    np_state = np.random.get_state()
+    meta = {
+        "python": [version, list(state), gauss],
+        "numpy": [np_state[0], np_state[1].tolist(), int(np_state[2]), int(np_state[3]),
+                  float(np_state[4])],
+    }
+    return tensors, meta
+
+
+def set_rng_state(tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> None:
+    torch.set_rng_state(tensors["rng.torch"])
+    cuda = sorted((k for k in tensors if k.startswith("rng.cuda.")), key=lambda k: int(k.split(".")[-1]))
+    if cuda and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all([tensors[k] for k in cuda])
+    version, state, gauss = meta["python"]
+    random.setstate((version, tuple(state), gauss))
+    name, keys, pos, has_gauss, cached = meta["numpy"]
+    np.random.set_state((name, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))
+
+
+def _optimizer_state(name: str, opt: torch.optim.Optimizer) -> tuple[dict, dict]:
+    sd = opt.state_dict()
+    tensors, scalars = {}, {}
+    for idx, state in sd["state"].items():
+        for key, value in state.items():
+            if torch.is_tensor(value):
+                tensors[f"opt.{name}.{idx}.{key}"] = _tensor(value)
+            else:
+                scalars.setdefault(str(idx), {})[key] = value
+    return tensors, {"param_groups": sd["param_groups"], "scalars": scalars}
+
+
+def _load_optimizer(name: str, opt: torch.optim.Optimizer, tensors: dict, meta: dict) -> None:
+    state: dict[int, dict[str, Any]] = {}
+    prefix = f"opt.{name}."
+    for key, value in tensors.items():
+        if key.startswith(prefix):
+            idx, field = key[len(prefix):].split(".", 1)
+            state.setdefault(int(idx), {})[field] = value
+    for idx, scalars in meta["scalars"].items():
+        state.setdefault(int(idx), {}).update(scalars)
+    opt.load_state_dict({"state": state, "param_groups": meta["param_groups"]})
+
+
+def _scheduler_state(s: torch.optim.lr_scheduler.LRScheduler) -> dict:
+    # lr_lambdas are functions (rebuilt from the config), not state
+    return {k: v for k, v in s.state_dict().items() if k != "lr_lambdas"}
+
+
+def save(
+    directory: str | Path,
+    *,
+    method: Any,
+    lora: dict[str, torch.Tensor],
+    step: int,
+    config_hash: str,
+    history: list[dict[str, float]],
+) -> Path:
+    """Write the checkpoint of `method` after `step` optimizer steps; returns its folder."""
+    directory = Path(directory)
+    tensors: dict[str, torch.Tensor] = {f"lora.{n}": _tensor(t) for n, t in lora.items()}
+    tensors.update({f"alpha.{n}": _tensor(t) for n, t in method.outer_params().items()})
+    tensors.update({f"extra.{n}": _tensor(t) for n, t in method.tensors().items()})
+    opt_meta = {}
+    for name, opt in method.optimizers.items():
+        t, m = _optimizer_state(name, opt)
+        tensors.update(t)
+        opt_meta[name] = m
+    rng_t, rng_m = rng_state()
+    tensors.update(rng_t)
+    meta = {
+        "format": FORMAT,
+        "method": method.name,
+        "step": step,
+        "config_hash": config_hash,
+        "streams": {k: s.position for k, s in method.streams.items()},
+        "optimizers": opt_meta,
+        "schedulers": {k: _scheduler_state(s) for k, s in method.schedulers.items()},
+        "rng": rng_m,
+        "history": history,
+    }
+    tmp = directory.with_name(directory.name + ".tmp")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir(parents=True)
+    save_file(tensors, str(tmp / "state.safetensors"))
+    (tmp / "state.json").write_text(json.dumps(meta))
+    if directory.exists():
+        old = directory.with_name(directory.name + ".old")
+        if old.exists():
+            shutil.rmtree(old)
+        directory.rename(old)
+        tmp.rename(directory)
+        shutil.rmtree(old)
+    else:
+        tmp.rename(directory)
+    return directory
+
+
+def exists(directory: str | Path) -> bool:
+    d = Path(directory)
+    return (d / "state.json").is_file() and (d / "state.safetensors").is_file()
+
+
+def load(directory: str | Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """(tensors, meta) of a checkpoint; safetensors + JSON only."""
+    d = Path(directory)
+    meta = json.loads((d / "state.json").read_text())
+    if meta.get("format") != FORMAT:
+        raise ValueError(f"{d}: checkpoint format {meta.get('format')} (this code reads {FORMAT})")
+    return load_file(str(d / "state.safetensors")), meta
+
+
+def restore(directory: str | Path, *, method: Any, lm: Any, config_hash: str) -> tuple[int, list]:
+    """Load a checkpoint into `method` and the model; returns (step, history).
+
+    Refuses a checkpoint written under a different configuration (results would silently mix).
+    """
+    tensors, meta = load(directory)
+    if meta["config_hash"] != config_hash:
+        raise ValueError(
+            f"{directory}: written by a run with config hash {meta['config_hash']}, this run's "
+            f"is {config_hash}; resume with the run's own config.json"
+        )
+    if meta["method"] != method.name:
+        raise ValueError(f"{directory}: a checkpoint of {meta['method']!r}, not {method.name!r}")
+    lm.load_inner({k[5:]: v for k, v in tensors.items() if k.startswith("lora.")})
+    with torch.no_grad():
+        for n, p in method.outer_params().items():
+            p.copy_(tensors[f"alpha.{n}"].to(p.device, p.dtype))
+    method.load_tensors(
+        {k[6:]: v.to(lm.device) for k, v in tensors.items() if k.startswith("extra.")}
+    )
+    for name, opt in method.optimizers.items():
+        _load_optimizer(name, opt, tensors, meta["optimizers"][name])
+    for name, sched in method.schedulers.items():
+        sched.load_state_dict({**meta["schedulers"][name], "lr_lambdas": [None] * len(sched.lr_lambdas)})
+    for name, stream in method.streams.items():
+        stream.seek(meta["streams"][name])
+    set_rng_state(tensors, meta["rng"])
+    return int(meta["step"]), list(meta["history"])

@@ -1,0 +1,71 @@
+"""`rcft`: SFT plus the EM-style ECE regularizer of calibration-aware fine-tuning (method-notes §4).
+
+E-step: one pass over the training set gives each confidence bin's accuracy acc_k
+(`calibration.objectives.estimate_bin_accuracy`). M-step per batch:
+loss = (1 − w)·L_SFT + w·1e-3·R, R = `calibration.objectives.ece_regularizer(probs, acc_k)`
+(pulls p_max towards acc_k and the other options towards targets summing to 1 − acc_k).
+Fixes to the released code, both options: ``--rcft-reestimate-every k`` re-runs the E-step
+(the released code never does), ``--rcft-include-top-bin`` (it skips [0.9, 1]).
+In cloze mode the option probabilities need every option's sequence, so training batches hold all
+options and the SFT term keeps only the gold continuation's targets.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from calibration import objectives
+
+from .. import scoring
+from .base import Context, Method, finite_option_logits, gold_only
+
+
+class RCFT(Method):
+    name = "rcft"
+    trains = True
+
+    def __init__(self, ctx: Context) -> None:
+        super().__init__(ctx)
+        if ctx.instruction:
+            raise ValueError("rcft needs MCQA training data (its regularizer uses option probabilities)")
+        self.theta_optimizer()
+        self.streams = {"train": ctx.stream("train", options="all")}
+        self.bin_accuracy: torch.Tensor | None = None
+        self.predict: Callable | None = None
+
+    def e_step(self) -> None:
+        if self.predict is None:
+            raise RuntimeError("rcft: the runner must set .predict before training")
+        option_logits, labels = self.predict(self.ctx.train_examples)
+        probs = torch.softmax(finite_option_logits(option_logits), -1)
+        self.bin_accuracy = objectives.estimate_bin_accuracy(
+            probs, labels, n_bins=self.ctx.cfg.train.rcft_bins
+        ).to(self.ctx.lm.device)
+
+    def step(self, k: int) -> dict[str, float]:
+        t = self.ctx.cfg.train
+        every = t.rcft_reestimate_every
+        if self.bin_accuracy is None or (every and k % every == 0):
+            self.e_step()
+        params = self.ctx.lm.inner()
+        total = 0.0
+        for _ in range(t.grad_accum):
+            logits, batch = self.ctx.forward(params, self.streams["train"].next())
+            sft = scoring.lm_loss(logits, batch if self.ctx.letter else gold_only(batch))
+            probs = torch.softmax(finite_option_logits(self.ctx.option_logits(logits, batch)), -1)
+            reg = objectives.ece_regularizer(
+                probs, self.bin_accuracy, n_bins=t.rcft_bins, include_top_bin=t.rcft_include_top_bin
+            )
+            loss = (1 - t.rcft_weight) * sft + t.rcft_weight * 1e-3 * reg
+            (loss / t.grad_accum).backward()
+            total += float(loss) / t.grad_accum
+        self.apply_step()
+        return {"loss": total}
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        return {} if self.bin_accuracy is None else {"bin_accuracy": self.bin_accuracy}
+
+    def load_tensors(self, tensors: dict[str, torch.Tensor]) -> None:
+        self.bin_accuracy = tensors.get("bin_accuracy")

@@ -1,0 +1,46 @@
+"""`ts`: post-hoc temperature scaling of the untouched model's option scores.
+
+T minimizes the NLL of softmax(option_logits / T) on the in-domain calibration split
+(`calibration.posthoc.fit_temperature`); the same T is applied to every evaluation set, in-domain
+and out-of-domain. ``at_boundary`` in the results says the fit ran to the edge of its search
+range (no finite optimum: the NLL keeps falling as the distribution flattens).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from calibration import posthoc
+
+from .base import Method, finite_option_logits
+
+
+class TemperatureScaling(Method):
+    name = "ts"
+    trains = False
+
+    def after_training(self, predict: Callable[[list], tuple[torch.Tensor, torch.Tensor]]) -> None:
+        option_logits, labels = predict(self.ctx.calib_examples)
+        fit = posthoc.fit_temperature(_present_columns(option_logits), labels)
+        self.temperature = float(fit.temperature)
+        self.extras = {
+            "temperature": self.temperature,
+            "at_boundary": bool(fit.at_boundary),
+            "nll_before": float(fit.nll_before),
+            "nll_after": float(fit.nll_after),
+        }
+
+    def option_transform(self, option_logits: torch.Tensor) -> torch.Tensor:
+        return option_logits / self.temperature
+
+
+def _present_columns(option_logits: torch.Tensor) -> torch.Tensor:
+    """Drop option slots absent from every question; any other absent slot gets a score far below
+    the row's minimum (its probability stays ~0 for any T the fit may reach)."""
+    present = torch.isfinite(option_logits)
+    ol = option_logits[:, present.any(0)]
+    if bool(torch.isfinite(ol).all()):
+        return ol
+    return finite_option_logits(ol)
