@@ -4,6 +4,6 @@ Knows nothing about solvers or LLMs: imports torch and numpy only (matplotlib la
 the plotting functions). See docs/calibration.md.
 """
 
-from calibration import metrics
+from calibration import metrics, objectives
 
-__all__ = ["metrics"]
+__all__ = ["metrics", "objectives"]
