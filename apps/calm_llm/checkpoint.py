@@ -35,7 +35,7 @@ def rng_state() -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
         for i, s in enumerate(torch.cuda.get_rng_state_all()):
             tensors[f"rng.cuda.{i}"] = s
     version, state, gauss = random.getstate()
-    np_state = np.random.get_state()
+    np_state = np.random.get_state()  # noqa: NPY002 (the global state is what third-party code draws from)
     meta = {
         "python": [version, list(state), gauss],
         "numpy": [np_state[0], np_state[1].tolist(), int(np_state[2]), int(np_state[3]),
@@ -52,7 +52,7 @@ def set_rng_state(tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> Non
     version, state, gauss = meta["python"]
     random.setstate((version, tuple(state), gauss))
     name, keys, pos, has_gauss, cached = meta["numpy"]
-    np.random.set_state((name, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))
+    np.random.set_state((name, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))  # noqa: NPY002
 
 
 def _optimizer_state(name: str, opt: torch.optim.Optimizer) -> tuple[dict, dict]:

@@ -142,6 +142,15 @@ def finite_option_logits(ol: torch.Tensor) -> torch.Tensor:
     return ol.masked_fill(~torch.isfinite(ol), -1e4)
 
 
+def present_columns(option_logits: torch.Tensor) -> torch.Tensor:
+    """Drop option slots absent (-inf) from every question; any other absent slot gets a score
+    far below the rest (probability ~0 under any temperature a fit may reach)."""
+    ol = option_logits[:, torch.isfinite(option_logits).any(0)]
+    if bool(torch.isfinite(ol).all()):
+        return ol
+    return finite_option_logits(ol)
+
+
 def gold_only(batch: Batch) -> Batch:
     """A cloze 'all options' batch whose targets keep only each question's gold continuation."""
     gold = batch.seq_option == batch.labels[batch.seq_question]

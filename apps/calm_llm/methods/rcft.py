@@ -19,7 +19,7 @@ import torch
 from calibration import objectives
 
 from .. import scoring
-from .base import Context, Method, finite_option_logits, gold_only
+from .base import Context, Method, gold_only, present_columns
 
 
 class RCFT(Method):
@@ -39,7 +39,7 @@ class RCFT(Method):
         if self.predict is None:
             raise RuntimeError("rcft: the runner must set .predict before training")
         option_logits, labels = self.predict(self.ctx.train_examples)
-        probs = torch.softmax(finite_option_logits(option_logits), -1)
+        probs = torch.softmax(present_columns(option_logits), -1)
         self.bin_accuracy = objectives.estimate_bin_accuracy(
             probs, labels, n_bins=self.ctx.cfg.train.rcft_bins
         ).to(self.ctx.lm.device)
@@ -54,7 +54,7 @@ class RCFT(Method):
         for _ in range(t.grad_accum):
             logits, batch = self.ctx.forward(params, self.streams["train"].next())
             sft = scoring.lm_loss(logits, batch if self.ctx.letter else gold_only(batch))
-            probs = torch.softmax(finite_option_logits(self.ctx.option_logits(logits, batch)), -1)
+            probs = torch.softmax(present_columns(self.ctx.option_logits(logits, batch)), -1)
             reg = objectives.ece_regularizer(
                 probs, self.bin_accuracy, n_bins=t.rcft_bins, include_top_bin=t.rcft_include_top_bin
             )

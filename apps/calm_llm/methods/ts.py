@@ -14,7 +14,7 @@ import torch
 
 from calibration import posthoc
 
-from .base import Method, finite_option_logits
+from .base import Method, present_columns
 
 
 class TemperatureScaling(Method):
@@ -23,7 +23,7 @@ class TemperatureScaling(Method):
 
     def after_training(self, predict: Callable[[list], tuple[torch.Tensor, torch.Tensor]]) -> None:
         option_logits, labels = predict(self.ctx.calib_examples)
-        fit = posthoc.fit_temperature(_present_columns(option_logits), labels)
+        fit = posthoc.fit_temperature(present_columns(option_logits), labels)
         self.temperature = float(fit.temperature)
         self.extras = {
             "temperature": self.temperature,
@@ -35,12 +35,3 @@ class TemperatureScaling(Method):
     def option_transform(self, option_logits: torch.Tensor) -> torch.Tensor:
         return option_logits / self.temperature
 
-
-def _present_columns(option_logits: torch.Tensor) -> torch.Tensor:
-    """Drop option slots absent from every question; any other absent slot gets a score far below
-    the row's minimum (its probability stays ~0 for any T the fit may reach)."""
-    present = torch.isfinite(option_logits)
-    ol = option_logits[:, present.any(0)]
-    if bool(torch.isfinite(ol).all()):
-        return ol
-    return finite_option_logits(ol)

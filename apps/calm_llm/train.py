@@ -1,0 +1,250 @@
+"""The runner behind ``python -m apps.calm_llm``: data → model → each method → metrics.
+
+For each method: reset the LoRA adapters to the shared initialization, train (with checkpoints
+every ``checkpoint_every`` steps and resume), fit post-hoc parts, predict on the in-domain test
+sets and the out-of-domain sets, and write ``metrics.json`` / ``results.md`` / PNGs at once, so a
+failure later loses nothing already evaluated.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file
+
+from . import checkpoint, distributed, evaluate, export
+from . import methods as method_registry
+from . import model as model_lib
+from .config import Config, data_files, data_hub, needs_second_order
+from .data import Collator, batch_iterator, load_source, make_splits
+from .methods.base import Context, Method
+
+
+class NonFiniteLoss(RuntimeError):
+    """Training produced a NaN/inf loss; the message names the step and the last good checkpoint."""
+
+
+@dataclass
+class EvalSet:
+    name: str
+    domain: str  # "id" | "ood"
+    examples: list
+
+
+def log(msg: str, d: distributed.Dist | None = None) -> None:
+    if d is None or d.main:
+        print(msg, file=sys.stderr, flush=True)
+
+
+def make_run_dir(cfg: Config) -> Path:
+    if cfg.resume:
+        return Path(cfg.resume)
+    if cfg.out:
+        return Path(cfg.out)
+    return Path("runs") / time.strftime("%Y%m%d-%H%M%S")
+
+
+# -- data ----------------------------------------------------------------------------------------
+def load_data(cfg: Config):
+    """Sources → splits (train / calib / per-source test / OOD), deterministic in the seed."""
+    d = cfg.data
+    files, hub = data_files(cfg), data_hub(cfg)
+
+    def src(name: str) -> list:
+        return load_source(name, path=files.get(name), hub=hub.get(name),
+                           limit=d.source_limit or None, seed=cfg.seed)
+
+    in_domain = {name: src(name) for name in d.in_domain}
+    ood = {name: src(name) for name in d.out_of_domain}
+    instruction = src(d.instruction_data) if d.instruction_data else None
+    return make_splits(in_domain, ood, n_train=d.n_train, n_calib=d.n_calib, n_test=d.n_test,
+                       n_ood=d.n_ood, seed=cfg.seed, instruction_train=instruction)
+
+
+# -- prediction ----------------------------------------------------------------------------------
+@torch.no_grad()
+def predict_option_logits(
+    ctx: Context, method: Method, examples: list
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(N, K) option logits after the method's vocabulary transform, and the (N,) labels."""
+    outs, labels = [], []
+    with ctx.lm.mode(False):
+        for batch in batch_iterator(examples, ctx.collator, ctx.cfg.train.eval_batch_size,
+                                    shuffle=False, seed=0):
+            batch = batch.to(ctx.lm.device)
+            logits, batch = ctx.forward(None, batch)
+            outs.append(ctx.option_logits(method.vocab_transform(logits), batch).float().cpu())
+            labels.append(batch.labels.cpu())
+    return torch.cat(outs), torch.cat(labels)
+
+
+def probabilities(method: Method, option_logits: torch.Tensor) -> torch.Tensor:
+    return torch.softmax(method.option_transform(option_logits), dim=-1)
+
+
+# -- training ------------------------------------------------------------------------------------
+def train_method(
+    method: Method, ctx: Context, *, run_dir: Path, config_hash: str, resume: bool
+) -> list[dict[str, float]]:
+    """Run ``cfg.train.steps`` optimizer steps of `method`, checkpointing and resuming."""
+    from tqdm.auto import tqdm
+
+    cfg = ctx.cfg
+    ckpt_dir = run_dir / "checkpoints" / method.name
+    start, history = 0, []
+    if resume and checkpoint.exists(ckpt_dir):
+        start, history = checkpoint.restore(ckpt_dir, method=method, lm=ctx.lm,
+                                            config_hash=config_hash)
+        log(f"[{method.name}] resumed from {ckpt_dir} at step {start}", ctx.dist)
+    last_good = str(ckpt_dir) if checkpoint.exists(ckpt_dir) else "none (no checkpoint yet)"
+    bar = tqdm(range(start, cfg.train.steps), desc=method.name, initial=start,
+               total=cfg.train.steps, disable=not ctx.dist.main, file=sys.stderr)
+    with ctx.lm.mode(True):
+        for k in bar:
+            info = method.step(k)
+            loss = ctx.dist.mean(info["loss"])
+            if not math.isfinite(loss):
+                raise NonFiniteLoss(
+                    f"[{method.name}] non-finite loss ({loss}) at step {k + 1}; "
+                    f"last good checkpoint: {last_good}"
+                )
+            history.append({"step": k + 1, **{key: float(v) for key, v in info.items()}})
+            bar.set_postfix(loss=f"{loss:.4f}")
+            done = k + 1
+            if cfg.checkpoint_every and (done % cfg.checkpoint_every == 0 or done == cfg.train.steps):
+                if ctx.dist.main:
+                    checkpoint.save(ckpt_dir, method=method, lora=ctx.lm.inner(), step=done,
+                                    config_hash=config_hash, history=history)
+                ctx.dist.barrier()
+                last_good = f"{ckpt_dir} (step {done})"
+    return history
+
+
+# -- results -------------------------------------------------------------------------------------
+def _load_predictions(path: Path) -> dict[str, dict[str, tuple[torch.Tensor, torch.Tensor]]]:
+    """evaluate.write_results' predictions.safetensors: ``{method}/{dataset}/probs|labels``."""
+    out: dict[str, dict[str, tuple[torch.Tensor, torch.Tensor]]] = {}
+    if not path.is_file():
+        return out
+    t = load_file(str(path))
+    for key in t:
+        method, ds, kind = key.split("/")
+        if kind == "probs":
+            out.setdefault(method, {})[ds] = (t[key], t[f"{method}/{ds}/labels"])
+    return out
+
+
+def run(cfg: Config) -> dict[str, Any]:
+    """The whole run; returns ``{"results": ..., "run_dir": ...}``. Writes as it goes."""
+    dist = distributed.init()
+    run_dir = make_run_dir(cfg)
+    resume = bool(cfg.resume)
+    if resume and not (run_dir / "config.json").is_file():
+        raise FileNotFoundError(f"--resume {run_dir}: no config.json there (not a run directory)")
+    if dist.main:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        cfg.save(run_dir)
+    config_hash = cfg.hash()
+    torch.manual_seed(cfg.seed)
+    device = model_lib.resolve_device(distributed.device_for(dist, cfg.device))
+
+    log(f"run directory: {run_dir}", dist)
+    splits = load_data(cfg)
+    if dist.main:
+        (run_dir / "splits.json").write_text(json.dumps(splits.manifest(), indent=1))
+    log(f"loading model {cfg.model.name_or_path!r} on {device}", dist)
+    lm = model_lib.load(cfg.model, device=device, eager=needs_second_order(cfg), seed=cfg.seed)
+    d = cfg.data
+    collator = Collator(lm.tokenizer, mode=d.mode, prompt_style=d.prompt_style,
+                        max_length=cfg.model.max_length, max_options=d.max_options)
+    train_collator = collator
+    if d.instruction_data:
+        train_collator = Collator(lm.tokenizer, mode="cloze", prompt_style=d.prompt_style,
+                                  max_length=cfg.model.max_length, max_options=d.max_options)
+    ctx = Context(
+        cfg=cfg, lm=lm, collator=collator, train_examples=list(splits.train),
+        calib_examples=list(splits.calib), train_collator=train_collator,
+        option_token_ids=collator.option_token_ids.to(device) if d.mode == "letter" else None,
+        dist=dist,
+    )
+    eval_sets = [EvalSet(n, "id", ex) for n, ex in splits.test.items()]
+    eval_sets += [EvalSet(n, "ood", ex) for n, ex in splits.ood.items()]
+    init_lora = lm.inner_state()
+
+    results: dict[str, dict[str, Any]] = {}
+    predictions: dict[str, dict[str, tuple[torch.Tensor, torch.Tensor]]] = {}
+    metrics_path = run_dir / "metrics.json"
+    extra: dict[str, Any] = {"config_hash": config_hash, "zero_shot_accuracy": {}}
+    if resume and metrics_path.is_file():
+        saved_all = json.loads(metrics_path.read_text())
+        extra["zero_shot_accuracy"] = saved_all.get("zero_shot_accuracy", {})
+        saved = saved_all.get("results", {})
+        saved_preds = _load_predictions(run_dir / "predictions.safetensors")
+        for m in cfg.methods:
+            if m in saved and m in saved_preds:
+                results[m], predictions[m] = saved[m], saved_preds[m]
+                log(f"[{m}] already evaluated in {run_dir}; kept", dist)
+
+    base_cache: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def base_logits(es: EvalSet, method: Method) -> tuple[torch.Tensor, torch.Tensor]:
+        if es.name not in base_cache:
+            base_cache[es.name] = predict_option_logits(ctx, method, es.examples)
+        return base_cache[es.name]
+
+    if not results:  # a fresh run: show that the model is above chance before training anything
+        probe = method_registry.get("none")(ctx)
+        for es in eval_sets:
+            ol, y = base_logits(es, probe)
+            acc = float((ol.argmax(-1) == y).float().mean())
+            extra["zero_shot_accuracy"][es.name] = acc
+            chance = float((1.0 / torch.isfinite(ol).sum(-1).float()).mean())
+            log(f"zero-shot accuracy on {es.name} ({es.domain}, n={len(y)}): {acc:.3f} "
+                f"(chance {chance:.3f})", dist)
+
+    for index, name in enumerate(cfg.methods):
+        if name in results:
+            continue
+        lm.load_inner(init_lora)
+        torch.manual_seed(cfg.seed + 1000 * (index + 1))
+        method = method_registry.get(name)(ctx)
+        method.predict = lambda ex, _m=method: predict_option_logits(ctx, _m, ex)  # for RCFT's E-step
+        t0 = time.time()
+        if method.trains:
+            method.history = train_method(method, ctx, run_dir=run_dir, config_hash=config_hash,
+                                          resume=resume)
+        method.after_training(lambda ex, _m=method: predict_option_logits(ctx, _m, ex))
+        untouched = not method.trains
+        preds, res = {}, {}
+        for es in eval_sets:
+            if untouched:
+                ol, y = base_logits(es, method)
+            else:
+                ol, y = predict_option_logits(ctx, method, es.examples)
+            probs = probabilities(method, ol)
+            preds[es.name] = (probs, y)
+            res[es.name] = {
+                **evaluate.dataset_metrics(probs, y, domain=es.domain, n_bins=cfg.n_bins,
+                                           n_boot=cfg.n_boot),
+                **method.extras,
+            }
+        results[name], predictions[name] = res, preds
+        if dist.main:
+            evaluate.write_results(run_dir, results, predictions, n_bins=cfg.n_bins, extra=extra)
+            if method.trains:
+                export.export_method(run_dir / "export" / name, lm, method)
+        accs = ", ".join(f"{ds} acc {r['accuracy']:.3f} ece {r['conf_ece']:.3f}" for ds, r in res.items())
+        log(f"[{name}] done in {time.time() - t0:.0f}s: {accs}", dist)
+        dist.barrier()
+    lm.load_inner(init_lora)
+    table = evaluate.render_table(results)
+    if dist.main:
+        print(table, flush=True)
+    return {"results": results, "run_dir": str(run_dir), "table": table}
