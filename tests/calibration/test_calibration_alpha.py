@@ -1,0 +1,149 @@
+"""α parameterizations: identity at init, formulas, subsets of a vocabulary, gradients."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from calibration import alpha
+
+CONFIGS = [
+    ("identity", {}),
+    ("temperature", {}),
+    ("temperature", {"positivity": "softplus"}),
+    ("class_temperature", {}),
+    ("class_temperature", {"positivity": "softplus"}),
+    ("shift", {}),
+    *[
+        ("affine", {"form": f, "positivity": p})
+        for f, p in itertools.product(["scale_shift", "shift_scale"], ["log", "softplus"])
+    ],
+]
+
+
+def randn(*shape, seed=0, dtype=torch.float64):
+    return torch.randn(tuple(shape), generator=torch.Generator().manual_seed(seed), dtype=dtype)
+
+
+def random_params(p: alpha.Parameterization, k: int, seed: int) -> dict[str, torch.Tensor]:
+    return {key: 0.5 * randn(*v.shape, seed=seed + i) for i, (key, v) in enumerate(p.init(k, dtype=torch.float64).items())}
+
+
+def manual(p: alpha.Parameterization, params, z):
+    """The module table, written out independently."""
+    tau = None
+    if "tau_raw" in params:
+        raw = params["tau_raw"]
+        tau = raw.exp() if p.positivity == "log" else torch.log1p(raw.exp())
+    shift = params.get("shift")
+    if tau is not None and shift is not None:
+        return z / tau + shift if p.form == "scale_shift" else (z + shift) / tau
+    if tau is not None:
+        return z / tau
+    if shift is not None:
+        return z + shift
+    return z
+
+
+def test_registry_lists_the_required_names():
+    assert set(alpha.NAMES) >= {"identity", "temperature", "class_temperature", "shift", "affine"}
+
+
+@pytest.mark.parametrize("name,opts", CONFIGS)
+def test_identity_at_init_with_and_without_class_ids(name, opts):
+    p = alpha.get(name, **opts)
+    z = randn(3, 5)
+    params = p.init(5, dtype=torch.float64)
+    torch.testing.assert_close(p.apply(params, z), z, rtol=1e-15, atol=1e-15)
+    big = randn(2, 3, 50, seed=1)
+    ids = torch.tensor([7, 3, 41, 0, 12])
+    torch.testing.assert_close(p.apply(params, big, ids), big, rtol=1e-15, atol=1e-15)
+    for value in p.constrained(params).values():
+        assert torch.allclose(value, torch.ones_like(value)) or torch.all(value == 0)
+
+
+@pytest.mark.parametrize("name,opts", CONFIGS)
+def test_apply_matches_the_formula(name, opts):
+    p = alpha.get(name, **opts)
+    params = random_params(p, 4, seed=2)
+    z = randn(6, 4, seed=3)
+    torch.testing.assert_close(p.apply(params, z), manual(p, params, z))
+
+
+@pytest.mark.parametrize("name,opts", CONFIGS)
+def test_class_ids_change_only_the_selected_columns(name, opts):
+    p = alpha.get(name, **opts)
+    params = random_params(p, 3, seed=4)
+    z = randn(2, 5, 20, seed=5)
+    ids = torch.tensor([9, 2, 17])
+    out = p.apply(params, z, ids)
+    others = torch.ones(20, dtype=torch.bool)
+    others[ids] = False
+    assert torch.equal(out[..., others], z[..., others])
+    torch.testing.assert_close(out[..., ids], manual(p, params, z[..., ids]))
+
+
+@pytest.mark.parametrize("name,opts", [c for c in CONFIGS if c[0] != "identity"])
+def test_gradcheck_params_and_logits_with_class_ids(name, opts):
+    p = alpha.get(name, **opts)
+    base = random_params(p, 3, seed=6)
+    keys = sorted(base)
+    z = randn(2, 8, seed=7).requires_grad_()
+    ids = torch.tensor([5, 1, 6])
+
+    def f(z, *values):
+        return p.apply(dict(zip(keys, values)), z, ids)
+
+    inputs = (z, *[base[k].clone().requires_grad_() for k in keys])
+    assert torch.autograd.gradcheck(f, inputs)
+
+
+def test_full_vocabulary_subset_trains_the_params():
+    # A 49k vocabulary with 4 option letters: the loss over the letters reaches the params.
+    p = alpha.get("affine")
+    params = {k: v.requires_grad_() for k, v in p.init(4).items()}
+    logits = torch.randn(3, 49152)
+    ids = torch.tensor([330, 331, 332, 333])
+    out = p.apply(params, logits, ids)
+    F.cross_entropy(out[:, ids], torch.tensor([0, 1, 2])).backward()
+    assert all(v.grad is not None and v.grad.abs().sum() > 0 for v in params.values())
+
+
+def test_dtype_of_logits_is_kept():
+    p = alpha.get("affine")
+    z = torch.randn(2, 10, dtype=torch.bfloat16)
+    assert p.apply(p.init(10), z).dtype == torch.bfloat16
+    assert p.apply(p.init(3), z, torch.tensor([0, 4, 9])).dtype == torch.bfloat16
+
+
+def test_scalar_temperature_scales_every_selected_column():
+    p = alpha.get("temperature")
+    params = {"tau_raw": torch.tensor(torch.log(torch.tensor(2.0)).item())}
+    z = torch.tensor([[2.0, 4.0, 6.0]])
+    torch.testing.assert_close(p.apply(params, z), torch.tensor([[1.0, 2.0, 3.0]]))
+    assert p.init(7)["tau_raw"].shape == ()
+
+
+def test_errors_are_clear():
+    with pytest.raises(ValueError, match="unknown alpha"):
+        alpha.get("vector")
+    with pytest.raises(ValueError, match="takes options"):
+        alpha.get("temperature", form="scale_shift")
+    with pytest.raises(ValueError, match="form"):
+        alpha.get("affine", form="both")
+    with pytest.raises(ValueError, match="positivity"):
+        alpha.get("affine", positivity="abs")
+    p = alpha.get("affine")
+    with pytest.raises(ValueError, match="keys"):
+        p.apply({"shift": torch.zeros(3)}, torch.zeros(2, 3))
+    with pytest.raises(ValueError, match="shape"):
+        p.apply(p.init(4), torch.zeros(2, 3))
+    with pytest.raises(ValueError, match="lie in"):
+        p.apply(p.init(2), torch.zeros(2, 3), torch.tensor([0, 3]))
+    with pytest.raises(ValueError, match="repeat"):
+        p.apply(p.init(2), torch.zeros(2, 3), torch.tensor([1, 1]))
+    with pytest.raises(ValueError, match="positive integer"):
+        p.init(0)
