@@ -22,8 +22,6 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import LogitsProcessor
 
-from calibration import alpha as calibration_alpha
-
 from .methods.alpha_wiring import FORMS
 
 
@@ -67,6 +65,8 @@ class AlphaLogitsProcessor(LogitsProcessor):
         d = Path(directory)
         if not (d / "alpha.json").is_file():
             raise FileNotFoundError(f"{d}: no alpha.json (this method learned no α)")
+        from calibration import alpha as calibration_alpha
+
         meta = json.loads((d / "alpha.json").read_text())
         kwargs = {"form": FORMS[meta["form"]]} if meta.get("form") else {}
         param = calibration_alpha.get(meta["param"], **kwargs)

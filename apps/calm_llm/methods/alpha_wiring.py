@@ -13,8 +13,6 @@ from typing import Any
 
 import torch
 
-from calibration import alpha as calibration_alpha
-
 # config spelling -> calibration.alpha's name for the algebraic form of the affine transform
 FORMS = {"z/tau+l": "scale_then_shift", "(z+l)/tau": "shift_then_scale"}
 
@@ -40,6 +38,8 @@ def make_alpha(
     device: torch.device,
 ) -> Alpha:
     """Initialize α at the identity transform (l = 0, τ = 1)."""
+    from calibration import alpha as calibration_alpha
+
     kwargs: dict[str, Any] = {}
     if name == "affine":
         kwargs["form"] = FORMS[form]

@@ -149,14 +149,14 @@ class CalmIterate(Calm):
             f = self.obj.upper(self.alpha.params, {n: p.detach() for n, p in params.items()},
                                self.streams["calib"].next())
             (f / accum).backward()
-            fs.append(float(f))
+            fs.append(float(f.detach()))
         self.optimizers["alpha"].step()
         self.optimizers["alpha"].zero_grad(set_to_none=True)
         outer = {n: a.detach() for n, a in self.alpha.params.items()}
         for _ in range(accum):  # θ step on the lower objective at the new α
             g = self.obj.lower(outer, params, self.streams["train"].next())
             (g / accum).backward()
-            gs.append(float(g))
+            gs.append(float(g.detach()))
         self.apply_step()
         return {"loss": sum(gs) / accum, "lower_loss": sum(gs) / accum, "upper_loss": sum(fs) / accum}
 
@@ -178,8 +178,8 @@ class CalmRegularization(Calm):
             g = self.obj.lower(self.alpha.params, params, self.streams["train"].next())
             f = self.obj.upper(self.alpha.params, params, self.streams["calib"].next())
             ((g + gamma * f) / accum).backward()
-            gs.append(float(g))
-            fs.append(float(f))
+            gs.append(float(g.detach()))
+            fs.append(float(f.detach()))
         self.apply_step()
         g_mean, f_mean = sum(gs) / accum, sum(fs) / accum
         return {"loss": g_mean + gamma * f_mean, "lower_loss": g_mean, "upper_loss": f_mean}

@@ -60,7 +60,7 @@ class RCFT(Method):
             )
             loss = (1 - t.rcft_weight) * sft + t.rcft_weight * 1e-3 * reg
             (loss / t.grad_accum).backward()
-            total += float(loss) / t.grad_accum
+            total += float(loss.detach()) / t.grad_accum
         self.apply_step()
         return {"loss": total}
 

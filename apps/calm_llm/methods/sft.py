@@ -31,7 +31,7 @@ class SFT(Method):
             logits, batch = self.ctx.forward(params, self.streams["train"].next())
             loss = scoring.lm_loss(logits, batch, label_smoothing=self.smoothing())
             (loss / accum).backward()
-            total += float(loss) / accum
+            total += float(loss.detach()) / accum
         self.apply_step()
         return {"loss": total}
 
