@@ -1,0 +1,182 @@
+"""Clear errors for bad objectives, bad configuration and mismatched pytrees; zero
+gradients (not errors) for variables an objective does not use."""
+
+import pytest
+import torch
+
+import bilevel
+from bilevel import linalg
+
+F64 = torch.float64
+
+
+def problem(lower=None, upper=None):
+    def g(o, i, b):
+        return 0.5 * (i["t"] ** 2).sum() - o["a"] * i["t"].sum()
+
+    def f(o, i, b):
+        return ((i["t"] - 1) ** 2).sum()
+
+    return bilevel.Problem(upper=upper or f, lower=lower or g)
+
+
+OUTER = {"a": torch.tensor(0.5, dtype=F64)}
+INNER = {"t": torch.zeros(3, dtype=F64)}
+ALL = [
+    bilevel.BOME(5, 0.1),
+    bilevel.ITD(5, 0.1),
+    bilevel.ITD(5, 0.1, truncate=2),
+    bilevel.AID(5, 0.1),
+]
+
+
+def run(solver, prob, outer=OUTER, inner=INNER):
+    return solver.step(prob, outer, inner, upper_batch=None, lower_batch=None)
+
+
+@pytest.mark.parametrize("solver", ALL, ids=repr)
+def test_non_scalar_lower_objective_names_objective_shape_and_step(solver):
+    def g(o, i, b):
+        return 0.5 * i["t"] ** 2  # forgot the reduction
+
+    with pytest.raises(
+        ValueError,
+        match=r"lower objective must return a scalar .*shape \(3,\) \(inner step 1 of 5\)",
+    ):
+        run(solver, problem(lower=g))
+
+
+@pytest.mark.parametrize("solver", ALL, ids=repr)
+def test_non_finite_lower_objective_names_objective_and_step(solver):
+    calls = []
+
+    def g(o, i, b):
+        calls.append(1)
+        value = 0.5 * (i["t"] ** 2).sum() - o["a"] * i["t"].sum()
+        return value * float("nan") if len(calls) == 3 else value
+
+    with pytest.raises(
+        FloatingPointError,
+        match=r"lower objective \(inner step 3 of 5\) returned a non-finite value \(nan\)",
+    ):
+        run(solver, problem(lower=g))
+
+
+@pytest.mark.parametrize("solver", ALL, ids=repr)
+def test_non_finite_upper_objective(solver):
+    def f(o, i, b):
+        return (i["t"] ** 2).sum() + float("inf")
+
+    with pytest.raises(FloatingPointError, match=r"upper objective .* non-finite value \(inf\)"):
+        run(solver, problem(upper=f))
+
+
+def test_non_tensor_and_integer_objective_values():
+    with pytest.raises(TypeError, match="lower objective must return a torch.Tensor, got float"):
+        run(bilevel.BOME(2, 0.1), problem(lower=lambda o, i, b: 1.0))
+    with pytest.raises(TypeError, match="upper objective returned dtype torch.int64"):
+        run(bilevel.BOME(2, 0.1), problem(upper=lambda o, i, b: torch.tensor(1)))
+
+
+def test_hypergrad_reports_non_finite_values_too():
+    def g(o, i, b):
+        return 0.5 * (i["t"] ** 2).sum() * o["a"].log()  # log(−1) = nan
+
+    with pytest.raises(FloatingPointError, match=r"hypergrad\(Implicit\): the lower objective"):
+        bilevel.hypergrad(
+            problem(lower=g),
+            {"a": torch.tensor(-1.0, dtype=F64)},
+            INNER,
+            upper_batch=None,
+            lower_batch=None,
+            method=bilevel.Implicit(),
+        )
+
+
+@pytest.mark.parametrize(
+    "make, match",
+    [
+        (lambda: bilevel.BOME(-1, 0.1), "BOME: inner_steps must be >= 1"),
+        (lambda: bilevel.BOME(0, 0.1), "BOME: inner_steps must be >= 1"),
+        (lambda: bilevel.BOME(3, 0.0), "BOME: inner_lr must be a finite number > 0"),
+        (lambda: bilevel.BOME(3, -0.1), "BOME: inner_lr must be a finite number > 0"),
+        (lambda: bilevel.BOME(3, 0.1, phi="gradnorm"), "BOME: phi must be one of"),
+        (lambda: bilevel.BOME(3, 0.1, eta=-1.0), "BOME: eta must be a finite number >= 0"),
+        (lambda: bilevel.BOME(3.0, 0.1), "BOME: inner_steps must be an int"),
+        (lambda: bilevel.ITD(0, 0.1), "ITD: inner_steps must be >= 1"),
+        (lambda: bilevel.ITD(3, float("inf")), "ITD: inner_lr must be a finite number > 0"),
+        (lambda: bilevel.ITD(3, 0.1, truncate=4), "truncate=4 exceeds steps=3"),
+        (lambda: bilevel.ITD(3, 0.1, truncate=0), "truncate must be >= 1"),
+        (lambda: bilevel.AID(-1, 0.1), "AID: inner_steps must be >= 0"),
+        (
+            lambda: bilevel.AID(3, 0.1, linear_solver="cg"),
+            "linear_solver must be a bilevel.linalg solver",
+        ),
+        (lambda: bilevel.Unrolled(steps=-2, lr=0.1), "Unrolled: steps must be >= 1"),
+        (
+            lambda: bilevel.Implicit(linear_solver=None),
+            "linear_solver must be a bilevel.linalg solver",
+        ),
+        (lambda: bilevel.Problem(upper=1, lower=lambda o, i, b: 0), "upper must be a callable"),
+    ],
+)
+def test_bad_configuration_fails_at_construction(make, match):
+    with pytest.raises((ValueError, TypeError), match=match):
+        make()
+
+
+def test_bad_inputs():
+    prob = problem()
+    with pytest.raises(TypeError, match="method must be bilevel.Unrolled or bilevel.Implicit"):
+        bilevel.hypergrad(
+            prob, OUTER, INNER, upper_batch=None, lower_batch=None, method=linalg.CG()
+        )
+    with pytest.raises(TypeError, match="problem must be a bilevel.Problem"):
+        bilevel.BOME(2, 0.1).step(lambda: 0, OUTER, INNER, upper_batch=None, lower_batch=None)
+    with pytest.raises(ValueError, match="inner has no tensor leaves"):
+        run(bilevel.BOME(2, 0.1), prob, inner={})
+    with pytest.raises(TypeError, match="outer leaf 0 has dtype torch.int64"):
+        run(bilevel.BOME(2, 0.1), prob, outer={"a": torch.tensor(1)})
+    with pytest.raises(TypeError, match=r"inner\['t'\]\[0\] is float"):
+        run(bilevel.BOME(2, 0.1), prob, inner={"t": [1.0, 2.0]})
+
+
+def test_apply_rejects_directions_with_another_structure():
+    outer = {"a": torch.zeros(2, requires_grad=True)}
+    result = bilevel.StepResult(outer_grad={"b": torch.ones(2)}, inner_grad={})
+    opt = torch.optim.SGD(list(outer.values()), lr=0.1)
+    with pytest.raises(ValueError, match="pytree structures differ"):
+        bilevel.apply(result, outer, {}, outer_optimizer=opt)
+
+
+@pytest.mark.parametrize(
+    "solver", ALL + [bilevel.AID(3, 0.1, linear_solver=linalg.Dense())], ids=repr
+)
+def test_unused_variables_get_zero_gradients(solver):
+    outer = {"a": torch.tensor(0.5, dtype=F64), "unused": torch.ones(2, dtype=F64)}
+    inner = {"t": torch.zeros(3, dtype=F64), "unused": torch.ones(4, dtype=F64)}
+
+    def g(o, i, b):  # the lower level ignores inner["unused"]; the upper ignores α entirely
+        return 0.5 * (i["t"] ** 2).sum() - o["a"] * i["t"].sum()
+
+    def f(o, i, b):
+        return ((i["t"] - 1) ** 2).sum()
+
+    r = solver.step(
+        bilevel.Problem(upper=f, lower=g), outer, inner, upper_batch=None, lower_batch=None
+    )
+    assert torch.equal(r.outer_grad["unused"], torch.zeros(2, dtype=F64))
+    assert torch.equal(r.inner_grad["unused"], torch.zeros(4, dtype=F64))
+    if not isinstance(solver, bilevel.BOME):  # BOME's λ is 0 here: ∇f and ∇q̂ already agree
+        assert r.outer_grad["a"].abs() > 0
+
+
+def test_lower_level_independent_of_outer_gives_zero_hypergradient():
+    def g(o, i, b):
+        return 0.5 * (i["t"] ** 2).sum()
+
+    for method in (bilevel.Implicit(linalg.CG()), bilevel.Unrolled(3, 0.1)):
+        h = bilevel.hypergrad(
+            problem(lower=g), OUTER, INNER, upper_batch=None, lower_batch=None, method=method
+        )
+        assert torch.equal(h["a"], torch.zeros((), dtype=F64))
