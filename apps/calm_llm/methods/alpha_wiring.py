@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 # config spelling -> calibration.alpha's name for the algebraic form of the affine transform
-FORMS = {"z/tau+l": "scale_then_shift", "(z+l)/tau": "shift_then_scale"}
+FORMS = {"z/tau+l": "scale_shift", "(z+l)/tau": "shift_scale"}
 
 
 @dataclass
