@@ -210,8 +210,9 @@ class FixedPoint(LinearSolver):
 class Dense(LinearSolver):
     """Exact solve: materializes A (n × n) from n matvecs with unit vectors, then LU.
 
-    For small problems and as a test oracle only; refuses n > ``max_size`` because the cost
-    is n matvecs and n² memory.
+    A singular A gets the minimum-norm least-squares solution (pseudo-inverse). For small
+    problems and as a test oracle only; refuses n > ``max_size`` because the cost is n
+    matvecs and n² memory.
     """
 
     max_size: int = 4096
@@ -240,10 +241,12 @@ class Dense(LinearSolver):
         a = torch.stack(columns, dim=1)  # column i = A e_i
         if not bool(torch.isfinite(a).all()):
             raise FloatingPointError("Dense: the materialized matrix has non-finite entries")
-        try:
-            x = torch.linalg.solve(a, flat_b)
-        except RuntimeError as err:  # torch raises _LinAlgError (a RuntimeError) if singular
-            raise ValueError(f"Dense: the matrix is singular ({err})") from err
+        x, info = torch.linalg.solve_ex(a, flat_b)
+        if int(info) != 0:
+            # Singular A, e.g. inner variables that g ignores (zero rows and columns of the
+            # Hessian): the minimum-norm least-squares solution, which is also what CG
+            # started at x = 0 converges to on a consistent singular system.
+            x = torch.linalg.pinv(a) @ flat_b
         return _split(x, b), {"iterations": float(n)}
 
 
