@@ -4,6 +4,6 @@ Knows nothing about solvers or LLMs: imports torch and numpy only (matplotlib la
 the plotting functions). See docs/calibration.md.
 """
 
-from calibration import alpha, metrics, objectives, posthoc
+from calibration import alpha, metrics, objectives, plots, posthoc
 
-__all__ = ["alpha", "metrics", "objectives", "posthoc"]
+__all__ = ["alpha", "metrics", "objectives", "plots", "posthoc"]

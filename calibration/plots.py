@@ -1,0 +1,73 @@
+"""Reliability diagrams as PNG files, several methods overlaid on one figure.
+
+matplotlib is imported inside the function (it is an optional dependency) and drawn through
+its object API with the Agg canvas, so no global pyplot state or backend is changed.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+
+from calibration import metrics
+
+__all__ = ["reliability_diagram"]
+
+
+def reliability_diagram(
+    curves: dict[str, tuple[Any, Any]],
+    path: str | Path,
+    n_bins: int = 10,
+    mode: Literal["top", "classwise"] = "top",
+    title: str | None = None,
+) -> Path:
+    """Draw the reliability diagram of each ``name -> (probs, labels)`` and save a PNG.
+
+    Top panel: per-bin accuracy against per-bin mean confidence (``metrics.reliability_data``),
+    one line per method, the diagonal for perfect calibration; the legend gives each method's
+    conf-ECE (mode="top") or cw-ECE (mode="classwise"). Bottom panel: the share of samples in
+    each bin. probs (N, K), labels (N,). Returns the path written (parents are created).
+    """
+    if not curves:
+        raise ValueError("curves is empty: give at least one name -> (probs, labels)")
+    if mode not in ("top", "classwise"):
+        raise ValueError(f"mode must be 'top' or 'classwise', got {mode!r}")
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(5.5, 6.5))
+    FigureCanvasAgg(fig)
+    grid = fig.add_gridspec(2, 1, height_ratios=(3, 1), hspace=0.08)
+    ax, hist = fig.add_subplot(grid[0]), fig.add_subplot(grid[1])
+    ax.plot([0, 1], [0, 1], color="0.6", linestyle="--", linewidth=1, label="perfect calibration")
+    width = 1.0 / n_bins
+    n_curves = len(curves)
+    for i, (name, (probs, labels)) in enumerate(curves.items()):
+        data = metrics.reliability_data(probs, labels, n_bins=n_bins, mode=mode)
+        err = (metrics.conf_ece if mode == "top" else metrics.cw_ece)(probs, labels, n_bins=n_bins)
+        keep = data.count > 0
+        ece_name = "ECE" if mode == "top" else "cw-ECE"
+        (line,) = ax.plot(
+            data.confidence[keep], data.accuracy[keep], marker="o", markersize=4,
+            label=f"{name} ({ece_name} {err:.3f})",
+        )
+        # Side-by-side bars per bin, one slot per method.
+        offsets = data.bin_lower + width * (i + 0.5) / n_curves
+        share = data.count / max(int(data.count.sum()), 1)
+        hist.bar(offsets, share, width=width / n_curves, color=line.get_color(), alpha=0.8)
+    xlabel = "confidence (max probability)" if mode == "top" else "predicted probability p_j"
+    ax.set(xlim=(0, 1), ylim=(0, 1), ylabel="accuracy" if mode == "top" else "frequency of y = j")
+    ax.set_xticklabels([])
+    ax.grid(alpha=0.3)
+    ax.legend(loc="upper left", fontsize=8)
+    if title:
+        ax.set_title(title)
+    hist.set(xlim=(0, 1), xlabel=xlabel, ylabel="share")
+    hist.set_xticks(np.linspace(0, 1, 6))
+    hist.grid(alpha=0.3)
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=120, bbox_inches="tight")
+    return out
