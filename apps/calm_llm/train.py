@@ -229,7 +229,7 @@ def run(cfg: Config) -> dict[str, Any]:
             else:
                 ol, y = predict_option_logits(ctx, method, es.examples)
             probs = probabilities(method, ol)
-            preds[es.name] = (probs, y)
+            preds[es.name] = (probs, y.clone())  # cached labels are shared between methods
             res[es.name] = {
                 **evaluate.dataset_metrics(probs, y, domain=es.domain, n_bins=cfg.n_bins,
                                            n_boot=cfg.n_boot),
