@@ -55,6 +55,10 @@ def smollm2_gguf_path() -> Path:
     return path
 
 
+def _is_converted(folder: Path) -> bool:
+    return (folder / "config.json").is_file() and any(folder.glob("*.safetensors"))
+
+
 def default_model_dir() -> Path:
     """SmolLM2-135M-Instruct as a plain fp32 Hugging Face folder, converted on first use.
 
@@ -64,7 +68,7 @@ def default_model_dir() -> Path:
     half-written model behind.
     """
     target = cache_dir() / "SmolLM2-135M-Instruct-fp32"
-    if (target / "config.json").is_file() and any(target.glob("*.safetensors")):
+    if _is_converted(target):
         return target
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -81,9 +85,15 @@ def default_model_dir() -> Path:
             del model.config.quantization_config
         model.save_pretrained(tmp)
         tok.save_pretrained(tmp)
+        if _is_converted(target):  # another process finished first: keep its copy
+            return target
         if target.exists():  # a stale, incomplete folder
             shutil.rmtree(target)
-        tmp.rename(target)
+        try:
+            tmp.rename(target)
+        except OSError:
+            if not _is_converted(target):  # lost a race to a process that is still writing
+                raise
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
