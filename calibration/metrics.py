@@ -180,7 +180,8 @@ def bootstrap(
 
     Draws ``n`` resamples of the N samples with replacement (numpy Generator seeded by
     ``seed``), evaluates the metric on each, and returns the metric on the full data with the
-    ((1 − level)/2, (1 + level)/2) quantiles of the resampled values. Use
+    ((1 − level)/2, (1 + level)/2) quantiles of the resampled values. The metric receives
+    validated float64 / int64 CPU torch tensors. Use
     ``functools.partial(conf_ece, n_bins=15)`` to pass metric options.
     """
     p, y = check_probs_labels(probs, labels)

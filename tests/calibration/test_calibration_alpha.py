@@ -147,3 +147,23 @@ def test_errors_are_clear():
         p.apply(p.init(2), torch.zeros(2, 3), torch.tensor([1, 1]))
     with pytest.raises(ValueError, match="positive integer"):
         p.init(0)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_alpha_and_objectives_stay_on_the_gpu():
+    from calibration import objectives
+
+    dev = torch.device("cuda")
+    p = alpha.get("affine")
+    params = {k: v.requires_grad_() for k, v in p.init(4, device=dev).items()}
+    logits = torch.randn(2, 3, 1000, device=dev, dtype=torch.bfloat16)
+    ids = torch.tensor([10, 20, 30, 40], device=dev)
+    out = p.apply(params, logits, ids)
+    assert out.device.type == "cuda" and out.dtype == torch.bfloat16
+    letters = out[..., ids].float()
+    loss = objectives.entropy(letters) + objectives.cross_entropy(letters, torch.zeros(2, 3, dtype=torch.long, device=dev))
+    probs = letters.reshape(-1, 4).softmax(-1)
+    acc = objectives.estimate_bin_accuracy(probs, torch.zeros(6, dtype=torch.long, device=dev))
+    loss = loss + objectives.ece_regularizer(probs, acc)
+    loss.backward()
+    assert all(v.grad is not None and torch.isfinite(v.grad).all() for v in params.values())
