@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         run(cfg)
-    except NonFiniteLoss as e:
+    except (NonFiniteLoss, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     return 0

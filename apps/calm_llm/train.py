@@ -148,10 +148,19 @@ def run(cfg: Config) -> dict[str, Any]:
     resume = bool(cfg.resume)
     if resume and not (run_dir / "config.json").is_file():
         raise FileNotFoundError(f"--resume {run_dir}: no config.json there (not a run directory)")
+    config_hash = cfg.hash()
+    if resume:
+        from .config import from_dict, load_file
+
+        saved_hash = from_dict(load_file(run_dir / "config.json")).hash()
+        if saved_hash != config_hash:
+            raise ValueError(
+                f"--resume {run_dir}: the options differ from that run's config.json in a way that "
+                "changes results; resume with only --resume (and output/checkpoint options)"
+            )
     if dist.main:
         run_dir.mkdir(parents=True, exist_ok=True)
         cfg.save(run_dir)
-    config_hash = cfg.hash()
     torch.manual_seed(cfg.seed)
     device = model_lib.resolve_device(distributed.device_for(dist, cfg.device))
 
