@@ -1,0 +1,42 @@
+"""The whole CLI on the tiny preset: every method, run-directory contents, metrics.json shape."""
+
+import json
+
+from apps.calm_llm import config as C
+from apps.calm_llm.__main__ import main
+
+KEYS = {"domain", "n", "accuracy", "conf_ece", "cw_ece", "brier", "nll", "mean_confidence"}
+
+
+def test_every_method_end_to_end(tmp_path, capsys):
+    rc = main(["--config", "tiny", "--methods", *C.METHODS, "--steps", "2", "--n-boot", "10",
+               "--checkpoint-every", "0", "--out", str(tmp_path)])
+    assert rc == 0
+    out, err = capsys.readouterr()
+    assert "zero-shot accuracy on sciq" in err and "zero-shot accuracy on arc_easy" in err
+    assert "In-domain" in out and "Out-of-domain" in out  # the printed table
+    for f in ("config.json", "metrics.json", "results.md", "splits.json", "predictions.safetensors",
+              "reliability_sciq.png", "reliability_arc_easy.png"):
+        assert (tmp_path / f).is_file(), f
+    saved = C.from_dict(json.loads((tmp_path / "config.json").read_text()))
+    assert saved.methods == list(C.METHODS)
+    results = json.loads((tmp_path / "metrics.json").read_text())["results"]
+    assert list(results) == list(C.METHODS)
+    for method, per_ds in results.items():
+        assert set(per_ds) == {"sciq", "arc_easy"}
+        assert per_ds["sciq"]["domain"] == "id" and per_ds["arc_easy"]["domain"] == "ood"
+        for m in per_ds.values():
+            assert KEYS <= set(m), method
+            assert 0 <= m["accuracy"] <= 1 and 0 <= m["conf_ece"] <= 1
+    assert results["ts"]["sciq"]["temperature"] > 0
+    # untouched model and TS share predictions (accuracy is invariant to a temperature)
+    assert results["ts"]["sciq"]["accuracy"] == results["none"]["sciq"]["accuracy"]
+    for m in ("sft", "calm", "calm_scalar"):
+        assert (tmp_path / "export" / m / "adapter" / "adapter_config.json").is_file()
+    assert (tmp_path / "export" / "calm" / "alpha.json").is_file()
+    assert not (tmp_path / "export" / "sft" / "alpha.json").exists()
+
+
+def test_bad_config_fails_before_loading_anything(capsys):
+    assert main(["--alpha-scope", "options", "--mode", "cloze"]) == 2
+    assert "--alpha-scope options needs --mode letter" in capsys.readouterr().err
