@@ -11,8 +11,8 @@ and the ranks' parameters stay identical without a DDP module wrapper (which wou
 The mean of per-rank losses equals the loss on the combined batch when every rank's loss is a
 mean over the same number of terms (letter mode: one answer token per question). Second-order
 solvers (itd/aid) differentiate through gradients and are not supported across processes.
-For FSDP / DeepSpeed-ZeRO sharding of a 7B base model see ``docs/calm.md`` and the accelerate
-config files in ``apps/calm_llm/configs/``.
+FSDP / DeepSpeed-ZeRO sharding is refused with a clear error (see ``docs/calm.md``); a 7B base
+fits one GPU per rank in bf16 or, with ``--quantization 4bit``, on small GPUs.
 """
 
 from __future__ import annotations
@@ -98,6 +98,14 @@ def init(backend: str | None = None) -> Dist:
     Single process (no WORLD_SIZE or WORLD_SIZE=1): returns ``Dist()`` and starts nothing.
     The backend is nccl on CUDA, gloo on CPU.
     """
+    for var, what in (("ACCELERATE_USE_FSDP", "FSDP"), ("ACCELERATE_USE_DEEPSPEED", "DeepSpeed")):
+        if os.environ.get(var, "").lower() in ("1", "true"):
+            raise RuntimeError(
+                f"{what} sharding is not supported by the CALM runner (the objectives call the model "
+                "through torch.func.functional_call over unsharded LoRA tensors); use the DDP config "
+                "apps/calm_llm/configs/accelerate-ddp.yaml, with --quantization 4bit when the base "
+                "model does not fit on one GPU"
+            )
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world <= 1:
         return Dist()
