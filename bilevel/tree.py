@@ -19,6 +19,7 @@ from torch.utils import _pytree as pytree
 
 PyTree = Any
 TreeSpec = pytree.TreeSpec
+_HALF = (torch.float16, torch.bfloat16)
 
 __all__ = [
     "PyTree",
@@ -110,12 +111,24 @@ def tree_map(fn: Callable[..., torch.Tensor], tree: PyTree, *rest: PyTree) -> Py
 
 
 def dot_list(xs: Sequence[torch.Tensor], ys: Sequence[torch.Tensor]) -> torch.Tensor:
-    """Σ_i <x_i, y_i> as a 0-dim tensor (float64 on CPU inputs of float64)."""
+    """Σ_i <x_i, y_i> as a 0-dim tensor (half-precision leaves accumulate in float32)."""
     if len(xs) == 0:
         return torch.zeros(())
     # torch.dot on flattened views: one kernel per leaf, no temporaries of leaf size.
-    parts = [torch.dot(x.reshape(-1), y.reshape(-1)) for x, y in zip(xs, ys)]
-    return parts[0] if len(parts) == 1 else torch.stack(parts).sum()
+    # Half-precision leaves (e.g. bf16 LoRA adapters) are accumulated in float32: a bf16
+    # sum over 1e6 entries would lose most of its digits (and BOME's λ with them).
+    parts = [
+        torch.dot(x.reshape(-1).float(), y.reshape(-1).float())
+        if x.dtype in _HALF
+        else torch.dot(x.reshape(-1), y.reshape(-1))
+        for x, y in zip(xs, ys)
+    ]
+    if len(parts) == 1:
+        return parts[0]
+    dtype = parts[0].dtype
+    for p in parts[1:]:
+        dtype = torch.promote_types(dtype, p.dtype)
+    return torch.stack([p.to(dtype) for p in parts]).sum()
 
 
 def sq_norm_list(xs: Sequence[torch.Tensor]) -> torch.Tensor:

@@ -66,3 +66,11 @@ def test_structure_mismatch_names_both_structures():
 def test_non_tensor_leaf_is_named():
     with pytest.raises(TypeError, match=r"tree\['b'\]\[1\] is float"):
         tree.flatten({"a": torch.zeros(1), "b": [torch.zeros(1), 1.0]})
+
+
+def test_mixed_and_half_precision_dot_accumulates_in_float32():
+    # 4096 · (1/64)² = 1 exactly; accumulating in bf16 would stall far below that.
+    x = {"h": torch.full((4096,), 1 / 64, dtype=torch.bfloat16), "f": torch.ones(2)}
+    d = tree.dot(x, x)
+    assert d.dtype == torch.float32
+    assert d.item() == 3.0
