@@ -10,6 +10,7 @@ from safetensors.torch import load_file, save_file
 
 STEPS = 3
 PER_RANK = 2
+METHODS = ("sft", "calm")  # a plain backward, and the bilevel solver's autograd.grad calls
 
 
 def _examples():
@@ -48,7 +49,7 @@ def _train(method: str, dist, per_rank: int, out: str) -> None:
     save_file(state, out)
 
 
-def _worker(rank: int, world: int, port: int, method: str, out_dir: str) -> None:
+def _worker(rank: int, world: int, port: int, out_dir: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                       WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
     torch.set_num_threads(1)
@@ -56,7 +57,8 @@ def _worker(rank: int, world: int, port: int, method: str, out_dir: str) -> None
 
     d = distributed.init("gloo")
     try:
-        _train(method, d, PER_RANK, os.path.join(out_dir, f"rank{rank}.safetensors"))
+        for method in METHODS:
+            _train(method, d, PER_RANK, os.path.join(out_dir, f"{method}-rank{rank}.safetensors"))
     finally:
         torch.distributed.destroy_process_group()
 
@@ -67,14 +69,21 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.mark.parametrize("method", ["sft", "calm"])
-def test_two_ranks_match_one_process_on_the_combined_batch(method, tmp_path):
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
     from apps.calm_llm.distributed import Dist
 
-    mp.spawn(_worker, args=(2, _free_port(), method, str(tmp_path)), nprocs=2, join=True)
-    _train(method, Dist(), 2 * PER_RANK, str(tmp_path / "single.safetensors"))
-    r0, r1 = (load_file(str(tmp_path / f"rank{r}.safetensors")) for r in (0, 1))
-    single = load_file(str(tmp_path / "single.safetensors"))
+    out = tmp_path_factory.mktemp("ddp")
+    mp.spawn(_worker, args=(2, _free_port(), str(out)), nprocs=2, join=True)
+    for method in METHODS:
+        _train(method, Dist(), 2 * PER_RANK, str(out / f"{method}-single.safetensors"))
+    return out
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_two_ranks_match_one_process_on_the_combined_batch(method, runs):
+    r0, r1 = (load_file(str(runs / f"{method}-rank{r}.safetensors")) for r in (0, 1))
+    single = load_file(str(runs / f"{method}-single.safetensors"))
     assert r0.keys() == r1.keys() == single.keys()
     moved = 0.0
     for k in r0:
