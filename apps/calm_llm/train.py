@@ -71,13 +71,17 @@ def load_data(cfg: Config):
 # -- prediction ----------------------------------------------------------------------------------
 @torch.no_grad()
 def predict_option_logits(
-    ctx: Context, method: Method, examples: list
+    ctx: Context, method: Method, examples: list, desc: str = ""
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(N, K) option logits after the method's vocabulary transform, and the (N,) labels."""
+    from tqdm.auto import tqdm
+
     outs, labels = [], []
+    bs = ctx.cfg.train.eval_batch_size
+    batches = batch_iterator(examples, ctx.collator, bs, shuffle=False, seed=0)
     with ctx.lm.mode(False):
-        for batch in batch_iterator(examples, ctx.collator, ctx.cfg.train.eval_batch_size,
-                                    shuffle=False, seed=0):
+        for batch in tqdm(batches, total=math.ceil(len(examples) / bs), desc=f"predict {desc}",
+                          leave=False, disable=not ctx.dist.main, file=sys.stderr):
             batch = batch.to(ctx.lm.device)
             logits, batch = ctx.forward(None, batch)
             outs.append(ctx.option_logits(method.vocab_transform(logits), batch).float().cpu())
@@ -205,7 +209,7 @@ def run(cfg: Config) -> dict[str, Any]:
 
     def base_logits(es: EvalSet, method: Method) -> tuple[torch.Tensor, torch.Tensor]:
         if es.name not in base_cache:
-            base_cache[es.name] = predict_option_logits(ctx, method, es.examples)
+            base_cache[es.name] = predict_option_logits(ctx, method, es.examples, es.name)
         return base_cache[es.name]
 
     if not results:  # a fresh run: show that the model is above chance before training anything
@@ -236,7 +240,7 @@ def run(cfg: Config) -> dict[str, Any]:
             if untouched:
                 ol, y = base_logits(es, method)
             else:
-                ol, y = predict_option_logits(ctx, method, es.examples)
+                ol, y = predict_option_logits(ctx, method, es.examples, f"{name} {es.name}")
             probs = probabilities(method, ol)
             preds[es.name] = (probs, y.clone())  # cached labels are shared between methods
             res[es.name] = {
