@@ -118,7 +118,8 @@ class BOME:
         phi = self.eta * dq_sq if self.phi == "grad_norm" else self.c * q
         # Kept as tensors: no device sync until the single one in tape.finish.
         lam = torch.clamp((phi - df_dq) / (dq_sq + self.eps), min=0.0)
-        direction = [a + lam * b for a, b in zip(df, dq)]
+        # λ is float32 for half-precision leaves (see tree.dot_list); keep each leaf's dtype.
+        direction = [a + lam.to(b.dtype) * b for a, b in zip(df, dq)]
 
         info = tape.finish(
             {

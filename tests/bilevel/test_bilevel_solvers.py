@@ -210,3 +210,22 @@ def test_aid_converges_to_the_exact_hypergradient(solver):
     assert torch.allclose(r.outer_grad, exact, rtol=1e-10)
     assert torch.allclose(r.inner_solution, star) and r.inner_solution.data_ptr() != star.data_ptr()
     assert math.isfinite(r.info["solver_iterations"])
+
+
+def test_bome_keeps_each_leaf_dtype():
+    # bf16 inner (as LoRA adapters often are), float32 outer.
+    def lower(o, i, b):
+        return 0.5 * (i["t"].float() ** 2).sum() - o["a"] * i["t"].float().sum()
+
+    def upper(o, i, b):
+        return ((i["t"].float() - 1) ** 2).sum() + o["a"] ** 2
+
+    outer = {"a": torch.tensor(0.5)}
+    inner = {"t": torch.zeros(8, dtype=torch.bfloat16)}
+    r = bilevel.BOME(3, 0.5).step(
+        bilevel.Problem(upper=upper, lower=lower), outer, inner, upper_batch=None, lower_batch=None
+    )
+    assert r.outer_grad["a"].dtype == torch.float32
+    assert r.inner_grad["t"].dtype == torch.bfloat16
+    assert r.inner_solution["t"].dtype == torch.bfloat16
+    assert math.isfinite(r.info["lambda"])
