@@ -53,7 +53,8 @@ def _finite(value: float, solver: str, what: str, iteration: int) -> float:
     if not math.isfinite(value):
         raise FloatingPointError(
             f"{solver}: {what} is {value} at iteration {iteration}; the matrix-vector "
-            "product produced non-finite values"
+            "product produced non-finite values, or the iteration diverged (a singular "
+            "operator with a right-hand side outside its range, or lr too large)"
         )
     return value
 
