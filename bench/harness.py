@@ -52,13 +52,19 @@ def time_alternating(
     start = time.perf_counter()
     for r in range(repeats):
         order = names[r % len(names) :] + names[: r % len(names)]
-        for name in order:
-            gc.collect()  # a collection inside a timed call would charge one library for all
-            sync(device)
-            t0 = time.perf_counter()
-            runs[name]()
-            sync(device)
-            times[name].append(time.perf_counter() - t0)
+        # A cyclic-GC pass inside a timed call would charge one candidate for everyone's
+        # garbage: collect between rounds, never during one.
+        gc.collect()
+        gc.disable()
+        try:
+            for name in order:
+                sync(device)
+                t0 = time.perf_counter()
+                runs[name]()
+                sync(device)
+                times[name].append(time.perf_counter() - t0)
+        finally:
+            gc.enable()
         if r + 1 >= min_repeats and time.perf_counter() - start > budget_s:
             break
     return times

@@ -103,6 +103,7 @@ def measure(
                 **base,
                 "library": lib,
                 "seconds_median": t,
+                "seconds_min": min(times[lib]),
                 "seconds_all": times[lib],
                 "ratio_vs_floor": t / floor,
                 "peak_mem_mb": mem[lib],

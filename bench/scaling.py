@@ -80,6 +80,7 @@ def measure(
                 "solver": name,
                 "T": T,
                 "seconds_median": harness.median(times[name]),
+                "seconds_min": min(times[name]),
                 "seconds_all": times[name],
                 "peak_mem_mb": mem[name],
                 "rel_error": None if first_order else harness.rel_error(outputs[name], p64.exact),
