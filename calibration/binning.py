@@ -2,8 +2,9 @@
 
 Equal-width bins split [0, 1] into ``n_bins`` intervals [b_k, b_{k+1}) with b_k = k / n_bins;
 the last bin is closed, [b_{n-1}, 1], so a confidence of exactly 1 lands in the top bin. This is
-``torch.bucketize(..., right=True) - 1`` on ``linspace(0, 1, n_bins + 1)`` (torchmetrics'
-convention) except at exactly 1.0, which torchmetrics puts in an extra bin of its own.
+``torch.bucketize(..., right=True) - 1`` on the edges k / n_bins, torchmetrics' convention,
+except at exactly 1.0 (torchmetrics puts it in an extra bin of its own) and at values exactly
+on an edge that ``linspace`` rounds up by one ulp (torchmetrics builds its edges with it).
 
 Equal-mass bins use the empirical quantiles of the values as edges, so each bin holds about
 N / n_bins samples; ties stay together in one bin, which keeps the result invariant to the
@@ -20,8 +21,13 @@ Binning = Literal["width", "mass"]
 
 
 def width_edges(n_bins: int, device: torch.device | None = None) -> torch.Tensor:
-    """Equal-width edges, shape (n_bins + 1,), float64: 0, 1/n, ..., 1."""
-    return torch.linspace(0.0, 1.0, n_bins + 1, dtype=torch.float64, device=device)
+    """Equal-width edges, shape (n_bins + 1,), float64: 0, 1/n, ..., 1.
+
+    Computed as k / n (one correctly rounded division per edge), not with ``linspace``,
+    whose float64 edges are off by one ulp for some k (linspace(0, 1, 11)[3] is
+    0.30000000000000004): a confidence of exactly 0.3 would then fall in [0.2, 0.3).
+    """
+    return torch.arange(n_bins + 1, dtype=torch.float64, device=device) / n_bins
 
 
 def mass_edges(values: torch.Tensor, n_bins: int) -> torch.Tensor:

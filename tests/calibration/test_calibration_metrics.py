@@ -270,3 +270,17 @@ def test_float_labels_and_bad_options_are_refused():
         metrics.conf_ece(probs, np.array([0, 1]), binning="quantile")
     with pytest.raises(ValueError, match="mode"):
         metrics.reliability_data(probs, np.array([0, 1]), mode="all")
+
+
+@pytest.mark.parametrize("n_bins", [7, 10, 15, 20])
+def test_a_confidence_exactly_on_an_edge_opens_its_bin(n_bins):
+    # Bins are [k/n, (k+1)/n): the value k/n belongs to bin k for every k (linspace edges put
+    # 0.3 in [0.2, 0.3) for n = 10, because linspace(0, 1, 11)[3] = 0.30000000000000004).
+    from calibration.binning import bin_index
+
+    values = torch.tensor([k / n_bins for k in range(n_bins + 1)], dtype=torch.float64)
+    expected = torch.tensor([*range(n_bins), n_bins - 1])
+    assert torch.equal(bin_index(values, n_bins), expected)
+    # The same through a metric: classwise, p = 0.3 for class 1 belongs to bin [0.3, 0.4).
+    data = metrics.reliability_data(np.array([[0.7, 0.3]]), np.array([0]), mode="classwise")
+    assert data.count[3] == 1 and data.count[7] == 1 and data.count.sum() == 2
