@@ -105,8 +105,8 @@ class DataConfig:
     out_of_domain: list[str] = opt(["arc_easy"], "out-of-domain MCQA sources (test only)")
     n_train: int = opt(400, "training questions (pooled over the in-domain sources)")
     n_calib: int = opt(100, "calibration questions (TS fit, CALM upper level)")
-    n_test: int = opt(150, "test questions per in-domain source")
-    n_ood: int = opt(150, "test questions per out-of-domain source")
+    n_test: int = opt(120, "test questions per in-domain source")
+    n_ood: int = opt(120, "test questions per out-of-domain source")
     data_files: list[str] = opt(
         [], "local files for sources, as NAME=PATH (.jsonl/.json/.csv/.parquet)"
     )
@@ -121,9 +121,9 @@ class DataConfig:
 
 @dataclass
 class TrainConfig:
-    steps: int = opt(30, "optimizer steps per trained method")
+    steps: int = opt(24, "optimizer steps per trained method")
     batch_size: int = opt(8, "training questions per micro-batch")
-    calib_batch_size: int = opt(8, "calibration questions per upper-level batch")
+    calib_batch_size: int = opt(4, "calibration questions per upper-level batch")
     eval_batch_size: int = opt(16, "questions per evaluation batch")
     grad_accum: int = opt(1, "micro-batches accumulated per optimizer step")
     lr: float = opt(1e-3, "learning rate of the LoRA parameters (θ)")
@@ -172,7 +172,7 @@ class CalmConfig:
         "next-token distributions at the answer tokens",
         choices=("options", "answer_tokens"),
     )
-    inner_steps: int = opt(3, "inner (lower-level) gradient steps per outer step (T)")
+    inner_steps: int = opt(2, "inner (lower-level) gradient steps per outer step (T)")
     inner_lr: float = opt(0.05, "inner step size β on θ")
     eta: float = opt(0.5, "BOME: φ = η‖∇q‖² (phi=grad_norm)")
     phi: str = opt("grad_norm", "BOME control φ", choices=("grad_norm", "value_gap"))
