@@ -138,11 +138,17 @@ def targets(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
             "vs_floor": ours["seconds_median"] / floor["seconds_median"],
         }
         row["floor_ok"] = row["vs_floor"] <= 1.1
+        # Best-of ratios: on a shared machine a millisecond call is either run through or
+        # preempted for a whole time slice, so medians of short calls carry that lottery.
+        row["vs_floor_best"] = ours["seconds_min"] / floor["seconds_min"]
+        row["floor_ok_best"] = row["vs_floor_best"] <= 1.1
         if peers:
             fastest = min(peers, key=lambda k: peers[k]["seconds_median"])
             peer_t = peers[fastest]["seconds_median"]
             row["fastest_peer"] = fastest
             row["speedup_vs_fastest_peer"] = peer_t / ours["seconds_median"]
+            best_peer = min(v["seconds_min"] for v in peers.values())
+            row["speedup_vs_fastest_peer_best"] = best_peer / ours["seconds_min"]
             need = 1.5 if peer_t / floor["seconds_median"] >= PEER_ABOVE_FLOOR else 1.0
             row["speedup_needed"] = need
             row["peer_ok"] = row["speedup_vs_fastest_peer"] >= need
@@ -197,6 +203,8 @@ def render(records: list[dict[str, Any]], meta: dict[str, Any]) -> str:
         "",
         "## Targets (toolkit = `bilevel`)",
         "",
+        "Verdicts use medians (the issue's statistic); the best-of columns show the same ratios",
+        "from each candidate's fastest call, which preemption on a shared machine cannot inflate.",
         f"`peer ok`: toolkit at least `need`× faster than the fastest peer (1.5 where that peer is ≥ "
         f"{PEER_ABOVE_FLOOR:.2f}× the floor, else 1.0). `mem ok`: peak no higher than any peer's "
         f"(within {MEM_TOL:.0%} or {MEM_SLACK_MB * 1024:.0f} KiB).",
@@ -211,8 +219,10 @@ def render(records: list[dict[str, Any]], meta: dict[str, Any]) -> str:
                 t["method"],
                 harness.fmt(t["vs_floor"], "x"),
                 "yes" if t["floor_ok"] else "**MISSED**",
+                harness.fmt(t["vs_floor_best"], "x"),
                 t.get("fastest_peer", "–"),
                 harness.fmt(t.get("speedup_vs_fastest_peer"), "x"),
+                harness.fmt(t.get("speedup_vs_fastest_peer_best"), "x"),
                 harness.fmt(t.get("speedup_needed")),
                 "–" if "peer_ok" not in t else ("yes" if t["peer_ok"] else "**MISSED**"),
                 harness.fmt(t.get("mem_vs_least_peer"), "x"),
@@ -227,8 +237,10 @@ def render(records: list[dict[str, Any]], meta: dict[str, Any]) -> str:
                 "method",
                 "toolkit / floor",
                 "≤ 1.1×",
+                "/ floor (best-of)",
                 "fastest peer",
                 "speedup",
+                "speedup (best-of)",
                 "need",
                 "peer ok",
                 "mem / least peer",
