@@ -37,7 +37,7 @@ class BOME:
         eta: η in φ = η‖∇q̂‖² (``phi="grad_norm"``, the toy/benchopt setting; η = 0.5).
         phi: ``"grad_norm"`` or ``"value_gap"`` (φ = c·q̂, the hyperparameter experiments).
         c: c in φ = c·q̂.
-        eps: ε in the denominator of λ.
+        eps: ε > 0 in the denominator of λ.
 
     Cost per step (T + 1 calls of g, 1 call of f): the first inner step differentiates g
     jointly w.r.t. (α, θ) at the current point, and that gradient is reused as ∇g(α, θ);
@@ -59,7 +59,9 @@ class BOME:
         check_positive("BOME", "inner_lr", self.inner_lr)
         check_nonnegative("BOME", "eta", self.eta)
         check_nonnegative("BOME", "c", self.c)
-        check_nonnegative("BOME", "eps", self.eps)
+        # ε > 0: at a lower-level solution ∇q̂ = 0 and φ − ⟨∇f, ∇q̂⟩ = 0, so ε = 0 gives
+        # λ = 0/0 = NaN and a NaN direction exactly when the iterates have converged.
+        check_positive("BOME", "eps", self.eps)
         if self.phi not in _PHIS:
             raise ValueError(f"BOME: phi must be one of {_PHIS}, got {self.phi!r}")
 

@@ -103,6 +103,7 @@ def test_hypergrad_reports_non_finite_values_too():
         (lambda: bilevel.BOME(3, 0.1, phi="gradnorm"), "BOME: phi must be one of"),
         (lambda: bilevel.BOME(3, 0.1, eta=-1.0), "BOME: eta must be a finite number >= 0"),
         (lambda: bilevel.BOME(3.0, 0.1), "BOME: inner_steps must be an int"),
+        (lambda: bilevel.BOME(3, 0.1, eps=0.0), "BOME: eps must be a finite number > 0"),
         (lambda: bilevel.ITD(0, 0.1), "ITD: inner_steps must be >= 1"),
         (lambda: bilevel.ITD(3, float("inf")), "ITD: inner_lr must be a finite number > 0"),
         (lambda: bilevel.ITD(3, 0.1, truncate=4), "truncate=4 exceeds steps=3"),

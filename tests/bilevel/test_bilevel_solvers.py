@@ -229,3 +229,16 @@ def test_bome_keeps_each_leaf_dtype():
     assert r.inner_grad["t"].dtype == torch.bfloat16
     assert r.inner_solution["t"].dtype == torch.bfloat16
     assert math.isfinite(r.info["lambda"])
+
+
+def test_bome_direction_is_finite_at_a_lower_level_solution():
+    # θ = θ* of g and ∇_α g ≡ 0: ∇q̂ = 0, so λ = max(0 / ε, 0) = 0 and the direction is ∇f.
+    problem = bilevel.Problem(
+        upper=lambda o, i, b: ((i["t"] - 1) ** 2).sum() + o["a"] ** 2,
+        lower=lambda o, i, b: 0.5 * (i["t"] ** 2).sum(),
+    )
+    outer, inner = {"a": torch.tensor(1.0, dtype=F64)}, {"t": torch.zeros(2, dtype=F64)}
+    r = bilevel.BOME(3, 0.5).step(problem, outer, inner, upper_batch=None, lower_batch=None)
+    assert r.info["lambda"] == 0.0 and r.info["q"] == 0.0
+    assert r.outer_grad["a"].item() == 2.0
+    assert torch.equal(r.inner_grad["t"], torch.full((2,), -2.0, dtype=F64))
