@@ -90,7 +90,9 @@ def check_same_structure(a: PyTree, b: PyTree, names: tuple[str, str] = ("a", "b
 def _zip(a: PyTree, b: PyTree) -> tuple[list[torch.Tensor], list[torch.Tensor], TreeSpec]:
     la, sa = flatten(a, name="a")
     lb, sb = flatten(b, name="b")
-    if sa != sb:
+    # Leaf shapes too: (3, 1) + (1, 3) would broadcast to (3, 3) and a dot of (3, 2) with
+    # (2, 3) would silently pair the wrong entries.
+    if sa != sb or any(x.shape != y.shape for x, y in zip(la, lb)):
         check_same_structure(a, b)  # raises with a readable message
     return la, lb, sa
 
@@ -101,7 +103,7 @@ def tree_map(fn: Callable[..., torch.Tensor], tree: PyTree, *rest: PyTree) -> Py
     others = []
     for r in rest:
         lr, sr = flatten(r)
-        if sr != spec:
+        if sr != spec or any(x.shape != y.shape for x, y in zip(la, lr)):
             check_same_structure(tree, r, ("tree", "other tree"))
         others.append(lr)
     return unflatten([fn(*xs) for xs in zip(la, *others)], spec)

@@ -61,6 +61,13 @@ def test_structure_mismatch_names_both_structures():
         tree.dot(a, {"w": a["w"], "c": a["b"]})
     with pytest.raises(ValueError, match=r"leaf 0 has shape \(3, 2\)"):
         tree.check_same_structure({"w": torch.zeros(3, 2)}, {"w": torch.zeros(2, 3)})
+    # Same structure, different leaf shapes: no silent broadcasting or reshaping.
+    x, y = {"w": torch.zeros(3, 1)}, {"w": torch.zeros(1, 3)}
+    for op in (tree.add, tree.sub, tree.dot, lambda u, v: tree.axpy(2.0, u, v)):
+        with pytest.raises(ValueError, match=r"leaf 0 has shape \(3, 1\) in a but \(1, 3\)"):
+            op(x, y)
+    with pytest.raises(ValueError, match=r"leaf 0 has shape"):
+        tree.tree_map(torch.add, x, y)
 
 
 def test_non_tensor_leaf_is_named():
