@@ -18,6 +18,7 @@ import math
 import torch
 import torch.nn.functional as F
 
+from calibration._checks import check_n_bins
 from calibration.binning import bin_index
 
 __all__ = [
@@ -152,8 +153,14 @@ def estimate_bin_accuracy(
     Call it again whenever the estimate should follow the model (e.g. once per epoch).
     """
     _check_probs_2d(probs)
+    n_bins = check_n_bins(n_bins)
     if labels.shape != probs.shape[:1]:
         raise ValueError(f"labels must have shape ({probs.shape[0]},), got {tuple(labels.shape)}")
+    # A float or out-of-range label would silently count as a wrong prediction.
+    if labels.is_floating_point() or labels.dtype == torch.bool:
+        raise TypeError(f"labels must have an integer dtype, got {labels.dtype}")
+    if ((labels < 0) | (labels >= probs.shape[1])).any():
+        raise ValueError(f"labels must lie in [0, {probs.shape[1]})")
     p = probs.detach()
     conf, pred = p.max(dim=1)
     correct = (pred == labels).to(torch.float64)
@@ -215,6 +222,7 @@ def ece_regularizer(
     probs: (N, K) probabilities (differentiable); bin_accuracy: (n_bins,). Returns a scalar.
     """
     _check_probs_2d(probs)
+    n_bins = check_n_bins(n_bins)
     if bin_accuracy.shape != (n_bins,):
         raise ValueError(f"bin_accuracy must have shape ({n_bins},), got {tuple(bin_accuracy.shape)}")
     n, k = probs.shape

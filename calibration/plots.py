@@ -12,6 +12,7 @@ from typing import Any, Literal
 import numpy as np
 
 from calibration import metrics
+from calibration._checks import check_n_bins
 
 __all__ = ["reliability_diagram"]
 
@@ -34,6 +35,7 @@ def reliability_diagram(
         raise ValueError("curves is empty: give at least one name -> (probs, labels)")
     if mode not in ("top", "classwise"):
         raise ValueError(f"mode must be 'top' or 'classwise', got {mode!r}")
+    n_bins = check_n_bins(n_bins)
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 

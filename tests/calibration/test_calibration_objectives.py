@@ -141,6 +141,21 @@ def test_estimate_bin_accuracy_matches_brute_force_and_marks_empty_bins():
     assert np.isnan(got[:2]).all()  # K = 4: confidence never below 0.25
 
 
+def test_rcft_bad_inputs_are_refused():
+    probs = rand(5, 3).softmax(-1)
+    labels = torch.tensor([0, 1, 2, 0, 1])
+    with pytest.raises(ValueError, match="n_bins"):
+        objectives.estimate_bin_accuracy(probs, labels, n_bins=0)
+    with pytest.raises(TypeError, match="integer"):
+        objectives.estimate_bin_accuracy(probs, labels.double())
+    with pytest.raises(ValueError, match=r"\[0, 3\)"):
+        objectives.estimate_bin_accuracy(probs, labels + 1)
+    with pytest.raises(ValueError, match="n_bins"):
+        objectives.ece_regularizer(probs, torch.zeros(0), n_bins=0)
+    with pytest.raises(ValueError, match=r"bin_accuracy must have shape \(10,\)"):
+        objectives.ece_regularizer(probs, torch.zeros(5))
+
+
 def brute_force_regularizer(probs, acc, n_bins, include_top_bin):
     """The CFT M-step with sorted non-max probabilities, bin by bin, as loops."""
     k = probs.shape[1]

@@ -36,6 +36,8 @@ def test_reliability_diagram_errors():
         plots.reliability_diagram({}, "x.png")
     with pytest.raises(ValueError, match="mode"):
         plots.reliability_diagram(curves(), "x.png", mode="pooled")
+    with pytest.raises(ValueError, match="n_bins"):
+        plots.reliability_diagram(curves(), "x.png", n_bins=0)
 
 
 def test_package_imports_neither_matplotlib_nor_transformers():
