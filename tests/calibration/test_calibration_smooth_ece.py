@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -53,6 +54,44 @@ def test_bernoulli_outcomes_calibrated_vs_shifted():
     shifted = smooth_ece_binary(f, (u < f - 0.1).double()).value
     assert calibrated < 0.02
     assert shifted == pytest.approx(0.1, abs=0.02)
+
+
+def _direct_smooth_ece(f: np.ndarray, y: np.ndarray) -> float:
+    """Independent oracle: the definition evaluated directly, with the analytic reflected
+    Gaussian at each f_i (no grid spreading, no column renormalization) and scipy's brentq
+    for the fixed point smECE_σ = σ."""
+    from scipy.optimize import brentq
+    from scipy.stats import norm
+
+    t = np.linspace(0.0, 1.0, 2001)
+    r = y - f
+
+    def sm(sigma: float) -> float:
+        k = sum(
+            norm.pdf(t[:, None], f[None, :] + 2 * m, sigma)
+            + norm.pdf(t[:, None], -f[None, :] + 2 * m, sigma)
+            for m in range(-2, 3)
+        )
+        return float(np.trapezoid(np.abs(k @ r) / len(f), t))
+
+    return sm(brentq(lambda s: sm(s) - s, 1e-3, 1.0, xtol=1e-10))
+
+
+@pytest.mark.parametrize("case", ["bernoulli_f_squared", "smooth_wave"])
+def test_matches_a_direct_evaluation_of_the_definition(case):
+    # Residuals that change sign and size along [0, 1], so the value depends on the kernel
+    # width and the fixed-point search (unlike the constant-offset constructions above).
+    rng = np.random.default_rng(0)
+    f = rng.uniform(0.05, 0.95, 120)
+    if case == "bernoulli_f_squared":
+        y = (rng.uniform(size=120) < f**2).astype(float)
+    else:
+        y = np.clip(f + 0.15 * np.sin(6 * f), 0.0, 1.0)
+    expected = _direct_smooth_ece(f, y)
+    assert expected > 0.05
+    got = smooth_ece_binary(torch.from_numpy(f), torch.from_numpy(y))
+    assert got.value == pytest.approx(expected, abs=2e-5)
+    assert got.bandwidth == pytest.approx(expected, abs=2e-5)
 
 
 def test_always_wrong_at_full_confidence_is_one():
