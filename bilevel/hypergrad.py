@@ -183,7 +183,7 @@ class Implicit:
         upper_batch: Any,
         lower_batch: Any,
         where: str = "at the inner solution",
-        copy_solution: bool = True,
+        copy_solution: bool = False,
     ) -> Estimate:
         alpha, theta = leaf_aliases(outer), leaf_aliases(inner)
         outer_tree, inner_tree = tree.unflatten(alpha, ospec), tree.unflatten(theta, ispec)
@@ -214,7 +214,9 @@ class Implicit:
         scalars.update({f"solver_{k}": val for k, val in solve_info.items()})
         return Estimate(
             outer_grad=outer_grad,
-            # ``inner`` may be the caller's storage; the result must be safe to keep.
+            # ``inner`` may be the caller's storage: a solver that returns this as its
+            # inner_solution asks for a copy (copy_solution=True); ``hypergrad`` discards it,
+            # so by default no copy of a possibly LoRA-sized θ is made.
             inner_solution=[x.detach().clone() if copy_solution else x.detach() for x in inner],
             first_inner_grad=[x.detach() for x in gth],
             scalars=scalars,
