@@ -13,8 +13,10 @@ def test_doc_example_runs(capsys):
     assert len(blocks) == 1
     exec(compile(blocks[0], "docs/bilevel.md", "exec"), {"__name__": "__doc_example__"})
     out = capsys.readouterr().out
-    for name in ("BOME", "ITD", "AID", "Unrolled", "Implicit"):
-        assert name in out
+    for name in ("BOME", "BOME value_gap", "ITD", "ITD truncated", "AID", "Unrolled truncated"):
+        assert f"{name}: validation loss" in out or f"{name} tensor" in out, name
+    for solver in ("CG", "Neumann", "FixedPoint", "Dense"):
+        assert f"Implicit {solver} tensor" in out, solver
 
 
 def test_bilevel_imports_only_torch_and_the_standard_library():
