@@ -44,6 +44,7 @@ def time_alternating(
     ``min_repeats`` rounds once ``budget_s`` seconds have passed.
     """
     names = list(runs)
+    gc.collect()
     for _ in range(warmup):
         for name in names:
             runs[name]()
@@ -53,8 +54,9 @@ def time_alternating(
     for r in range(repeats):
         order = names[r % len(names) :] + names[: r % len(names)]
         # A cyclic-GC pass inside a timed call would charge one candidate for everyone's
-        # garbage: collect between rounds, never during one.
-        gc.collect()
+        # garbage: collect between rounds (young generations: a full pass over torch's heap
+        # costs ~0.1 s), never during one.
+        gc.collect(1)
         gc.disable()
         try:
             for name in order:
@@ -70,13 +72,18 @@ def time_alternating(
     return times
 
 
-def peak_memory_mb(fn: Callable[[], Any], device: torch.device) -> float:
+def peak_memory_mb(
+    fn: Callable[[], Any], device: torch.device, enabled: bool = True
+) -> float | None:
     """Peak bytes allocated by ``fn()`` above what was live before it, in MiB.
 
     CUDA: the allocator's peak statistic. CPU: torch keeps no such statistic, so the
     profiler records every allocation and free, and the running sum's maximum is the peak
-    (tensors only; Python objects and allocator caching are not counted).
+    (tensors only; Python objects and allocator caching are not counted). ``enabled=False``
+    returns None without calling ``fn`` (the profiler takes seconds to start).
     """
+    if not enabled:
+        return None
     gc.collect()
     if device.type == "cuda":
         sync(device)

@@ -22,6 +22,7 @@ Writes bench/results/hypergrad[_quick].json (one record per measurement) and .md
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import sys
 import traceback
@@ -54,6 +55,7 @@ def measure(
     device: torch.device,
     repeats: int,
     budget_s: float,
+    memory: bool = True,
     log: Any = print,
 ) -> list[dict[str, Any]]:
     """One record per library for ``method`` on one problem instance (see the module doc)."""
@@ -93,7 +95,7 @@ def measure(
     if "plain_torch" not in runs:
         return records
     same = plain_torch.build(p64, method, steps, p64.inner_lr)()  # float64, same computation
-    mem = {lib: harness.peak_memory_mb(run, device) for lib, run in runs.items()}
+    mem = {lib: harness.peak_memory_mb(run, device, memory) for lib, run in runs.items()}
     times = harness.time_alternating(runs, device=device, repeats=repeats, budget_s=budget_s)
     floor = harness.median(times["plain_torch"])
     for lib in runs:
@@ -114,7 +116,7 @@ def measure(
         )
         log(
             f"  {p32.name} {p32.size} {method:16s} {lib:12s} {1000 * t:9.2f} ms "
-            f"×floor {t / floor:5.2f}  peak {mem[lib]:8.2f} MiB  err {records[-1]['rel_error']:.1e}"
+            f"×floor {t / floor:5.2f}  peak {harness.fmt(mem[lib]):>8s} MiB  err {records[-1]['rel_error']:.1e}"
         )
     return records
 
@@ -152,9 +154,10 @@ def targets(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
             need = 1.5 if peer_t / floor["seconds_median"] >= PEER_ABOVE_FLOOR else 1.0
             row["speedup_needed"] = need
             row["peer_ok"] = row["speedup_vs_fastest_peer"] >= need
-            least = min(v["peak_mem_mb"] for v in peers.values())
-            row["mem_vs_least_peer"] = ours["peak_mem_mb"] / least if least > 0 else math.nan
-            row["mem_ok"] = ours["peak_mem_mb"] <= least * (1 + MEM_TOL) + MEM_SLACK_MB
+            if ours["peak_mem_mb"] is not None:
+                least = min(v["peak_mem_mb"] for v in peers.values())
+                row["mem_vs_least_peer"] = ours["peak_mem_mb"] / least if least > 0 else math.nan
+                row["mem_ok"] = ours["peak_mem_mb"] <= least * (1 + MEM_TOL) + MEM_SLACK_MB
         out.append(row)
     return out
 
@@ -279,8 +282,18 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="output stem (default bench/results/hypergrad[_quick])",
     )
+    ap.add_argument(
+        "--render", type=Path, default=None, help="only re-render this JSON file's table"
+    )
+    ap.add_argument("--no-memory", action="store_true", help="skip the peak-memory runs (CI)")
     args = ap.parse_args(argv)
 
+    if args.render is not None:
+        data = json.loads(args.render.read_text())
+        text = render(data["records"], data["meta"])
+        args.render.with_suffix(".md").write_text(text)
+        print(text)
+        return 0
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     mode = "quick" if args.quick else "full"
@@ -312,7 +325,14 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{name} size {p32.size} ({p64.exact_note}; {p64.detail})", flush=True)
             for method in args.methods:
                 for r in measure(
-                    p32, p64, method, args.steps, device=device, repeats=repeats, budget_s=budget_s
+                    p32,
+                    p64,
+                    method,
+                    args.steps,
+                    device=device,
+                    repeats=repeats,
+                    budget_s=budget_s,
+                    memory=not args.no_memory,
                 ):
                     r["detail"] = p64.detail
                     r["env_device"] = device.type

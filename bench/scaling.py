@@ -61,12 +61,18 @@ def step_runs(p: BenchProblem, T: int) -> dict[str, Any]:
 
 
 def measure(
-    p32: BenchProblem, p64: BenchProblem, T: int, *, device: torch.device, budget_s: float
+    p32: BenchProblem,
+    p64: BenchProblem,
+    T: int,
+    *,
+    device: torch.device,
+    budget_s: float,
+    memory: bool = True,
 ) -> list[dict[str, Any]]:
     """One record per solver at this (problem, size, T)."""
     runs = step_runs(p32, T)
     outputs = {name: run().outer_grad for name, run in runs.items()}
-    mem = {name: harness.peak_memory_mb(run, device) for name, run in runs.items()}
+    mem = {name: harness.peak_memory_mb(run, device, memory) for name, run in runs.items()}
     times = harness.time_alternating(runs, device=device, repeats=100, budget_s=budget_s)
     out = []
     for name in runs:
@@ -88,7 +94,7 @@ def measure(
         )
         print(
             f"  {p32.name} {p32.size} T={T:3d} {name:18s} "
-            f"{1000 * out[-1]['seconds_median']:9.2f} ms  peak {mem[name]:9.2f} MiB",
+            f"{1000 * out[-1]['seconds_median']:9.2f} ms  peak {harness.fmt(mem[name]):>9s} MiB",
             flush=True,
         )
     return out
@@ -106,7 +112,8 @@ def plot(records: list[dict[str, Any]], x: str, path: Path, title: str) -> None:
         rs = sorted((r for r in records if r["solver"] == name), key=lambda r: r[x])
         xs = [r[x] for r in rs]
         axes[0].plot(xs, [1000 * r["seconds_median"] for r in rs], marker="o", label=name)
-        axes[1].plot(xs, [r["peak_mem_mb"] for r in rs], marker="o", label=name)
+        if all(r["peak_mem_mb"] is not None for r in rs):
+            axes[1].plot(xs, [r["peak_mem_mb"] for r in rs], marker="o", label=name)
     for ax, ylabel in zip(axes, ["ms per outer step (median)", "peak MiB per outer step"]):
         ax.set_xscale("log", base=2 if x == "T" else 10)
         ax.set_yscale("log")
@@ -151,6 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--budget", type=float, default=None, help="seconds of timing per group")
     ap.add_argument("--out", type=Path, default=None, help="output stem")
+    ap.add_argument("--no-memory", action="store_true", help="skip the peak-memory runs (CI)")
     args = ap.parse_args(argv)
 
     torch.set_num_threads(args.threads)
@@ -170,13 +178,15 @@ def main(argv: list[str] | None = None) -> int:
     mlp_size = p32.size
     print(f"T study on mlp, {mlp_size} parameters", flush=True)
     for T in ts:
-        for r in measure(p32, p64, T, device=device, budget_s=budget):
+        for r in measure(p32, p64, T, device=device, budget_s=budget, memory=not args.no_memory):
             rec.add({**r, "study": "T"})
     for d in dims:
         p64 = build("logistic", d)
         p32 = p64.cast(torch.float32, device)
         print(f"dimension study on logistic, d = {d}", flush=True)
-        for r in measure(p32, p64, DIM_T, device=device, budget_s=budget):
+        for r in measure(
+            p32, p64, DIM_T, device=device, budget_s=budget, memory=not args.no_memory
+        ):
             rec.add({**r, "study": "dim"})
     records = rec.records
     plot(

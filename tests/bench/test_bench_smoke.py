@@ -1,0 +1,98 @@
+"""CI smoke test: each benchmark script runs its --quick mode on the smallest size only.
+
+No timing is asserted. What is asserted: the records carry the issue's fields, every
+implementation that claims a method computes the same hypergradient as float64 plain
+PyTorch (all libraries run the same computation), and the tables and plots are written.
+"""
+
+import json
+import math
+
+import pytest
+
+from bench import calm_step, hypergrad, scaling
+
+FIELDS = {"problem", "size", "library", "method", "seconds_median", "peak_mem_mb", "rel_error"}
+
+
+def test_hypergrad_quick_smallest(tmp_path):
+    stem = tmp_path / "hg"
+    hypergrad.main(
+        [
+            "--quick",
+            "--smallest",
+            "--steps",
+            "3",
+            "--repeats",
+            "3",
+            "--budget",
+            "0",
+            "--no-memory",
+            "--problems",
+            "quadratic",
+            "logistic",
+            "--out",
+            str(stem),
+        ]
+    )
+    records = json.loads(stem.with_suffix(".json").read_text())["records"]
+    assert all(FIELDS <= set(r) for r in records)
+    measured = [r for r in records if r["seconds_median"] is not None]
+    libraries = {r["library"] for r in measured}
+    assert {"plain_torch", "bilevel"} <= libraries
+    methods = {(r["problem"], r["method"]) for r in measured if r["library"] == "bilevel"}
+    assert {
+        (p, m)
+        for p in ("quadratic", "logistic")
+        for m in ("unrolled", "implicit_cg", "implicit_neumann")
+    } == methods
+    for r in measured:
+        assert r["seconds_median"] > 0 and r["peak_mem_mb"] is None  # --no-memory
+        assert math.isfinite(r["rel_error"])
+        if r["library"] in ("plain_torch", "bilevel", "torchopt", "higher"):
+            assert r["rel_error_vs_f64_same_method"] < 1e-4, r
+    skipped = [r for r in records if r["seconds_median"] is None]
+    assert all(r["note"].startswith("skipped: ") for r in skipped)
+    text = stem.with_suffix(".md").read_text()
+    assert "| problem | size | method | library |" in text and "## Targets" in text
+
+
+def test_scaling_quick_smallest(tmp_path):
+    stem = tmp_path / "scaling"
+    scaling.main(["--quick", "--smallest", "--budget", "0", "--no-memory", "--out", str(stem)])
+    records = json.loads(stem.with_suffix(".json").read_text())["records"]
+    assert {r["solver"] for r in records} == set(scaling.SOLVERS)
+    assert {r["study"] for r in records} == {"T", "dim"}
+    for r in records:
+        assert FIELDS <= set(r) and r["seconds_median"] > 0
+    assert (tmp_path / "scaling_T.png").stat().st_size > 0
+    assert (tmp_path / "scaling_dim.png").stat().st_size > 0
+
+
+@pytest.mark.slow
+def test_calm_step_quick_smallest(tmp_path):
+    stem = tmp_path / "cs"
+    calm_step.main(
+        [
+            "--quick",
+            "--smallest",
+            "--solvers",
+            "bome",
+            "--rounds",
+            "3",
+            "--budget",
+            "0",
+            "--no-memory",
+            "--batch",
+            "2",
+            "--out",
+            str(stem),
+        ]
+    )
+    records = json.loads(stem.with_suffix(".json").read_text())["records"]
+    assert [r["solver"] for r in records] == ["sft", "bome"]
+    for r in records:
+        assert FIELDS | {"model", "T", "time_ratio_vs_sft", "mem_ratio_vs_sft"} <= set(r)
+        assert r["model"] == "tiny"
+        assert r["time_ratio_vs_sft"] > 0 and r["mem_ratio_vs_sft"] > 0
+    assert records[0]["time_ratio_vs_sft"] == 1.0 and records[1]["T"] == 1
