@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import sys
+import warnings
 from pathlib import Path
 
 from .config import ConfigError, parse_args
@@ -36,6 +37,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     from .train import NonFiniteLoss, run  # heavy imports only after the config is valid
+
+    # transformers 5 deprecates a name that peft still calls on every LoRA load: noise, not news
+    warnings.filterwarnings(
+        "ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning
+    )
 
     try:
         run(cfg)
