@@ -190,6 +190,11 @@ class Config:
     resume: str = opt("", "continue the killed run in this directory")
     seed: int = opt(0, "seed of splits, LoRA init, batch order and dropout")
     device: str = opt("auto", "'auto' (cuda when available), 'cpu', 'cuda', 'cuda:1', ...")
+    fsdp: bool = opt(
+        False,
+        "under accelerate launch/torchrun, shard the frozen base weights over the processes "
+        "with FSDP2 (LoRA stays replicated); on by itself under an accelerate FSDP config",
+    )
     checkpoint_every: int = opt(10, "save a checkpoint every k optimizer steps (0 = off)")
     n_bins: int = opt(10, "bins of the ECE metrics and reliability diagrams")
     n_boot: int = opt(200, "bootstrap resamples for the ECE intervals")
@@ -202,9 +207,9 @@ class Config:
         return dataclasses.asdict(self)
 
     def hash(self) -> str:
-        """sha256 of everything that changes results (not where they go or the resume flag)."""
+        """sha256 of everything that changes results (not where they go, the resume flag or sharding)."""
         d = self.to_dict()
-        for k in ("out", "resume", "checkpoint_every"):
+        for k in ("out", "resume", "checkpoint_every", "fsdp"):  # fsdp: same math as DDP
             d.pop(k)
         return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
 
@@ -472,6 +477,12 @@ def validate(cfg: Config) -> None:
             f"--solver {c.solver} differentiates twice; --attn-implementation sdpa has no double "
             "backward (use auto or eager)",
         )
+    if cfg.fsdp:
+        _check(m.quantization == "none",
+               f"--fsdp with --quantization {m.quantization}: quantized base weights cannot be "
+               "sharded; use --fsdp in bf16, or DDP (no --fsdp) with --quantization 4bit")
+        _check(not needs_second_order(cfg),
+               f"--fsdp with --solver {c.solver}: the second-order solvers run single-process only")
     if d.instruction_data and d.mode == "letter" and "rcft" in cfg.methods:
         raise ConfigError("rcft needs MCQA training data (its regularizer uses option probabilities)")
 

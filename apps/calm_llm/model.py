@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from .config import ModelConfig
+from .distributed import Dist, shard_frozen_base
 
 DEFAULT_MODEL_NAMES = ("smollm2", "default")
 TINY_MODEL_NAME = "tiny"
@@ -202,14 +203,34 @@ class CausalLM:
             self.model.train(was)
 
 
-def load(mc: ModelConfig, *, device: torch.device, eager: bool = False, seed: int = 0) -> CausalLM:
-    """Base model + tokenizer + LoRA adapters on `device`, in eval mode."""
+def load(
+    mc: ModelConfig,
+    *,
+    device: torch.device,
+    eager: bool = False,
+    seed: int = 0,
+    dist: Dist | None = None,
+) -> CausalLM:
+    """Base model + tokenizer + LoRA adapters on `device`, in eval mode.
+
+    With ``dist.fsdp`` over several processes the model is built on the CPU and its frozen
+    base weights are sharded over the ranks (`distributed.shard_frozen_base`), so no GPU ever
+    holds the whole base; the LoRA tensors stay whole on every rank.
+    """
+    fsdp = dist is not None and dist.fsdp and dist.world > 1
+    if fsdp and mc.quantization != "none":
+        raise ValueError(
+            f"--quantization {mc.quantization} with FSDP: quantized base weights cannot be "
+            "sharded here; use FSDP in bf16, or the DDP config with --quantization 4bit"
+        )
     base, tok = load_base(mc, eager=eager, seed=seed)
-    if mc.quantization == "none":
+    if mc.quantization == "none" and not fsdp:
         base = base.to(device)
     model = add_lora(base, mc, seed=seed)
     model.eval()
     n_train = sum(p.numel() for p in model.parameters() if p.requires_grad)
     if n_train == 0:
         raise ValueError(f"--lora-target-modules {mc.lora_target_modules}: no LoRA parameters created")
+    if fsdp and dist is not None:  # (fsdp implies dist; spelled out for the type checker)
+        shard_frozen_base(model, dist, device)
     return CausalLM(model=model, tokenizer=tok, device=device)

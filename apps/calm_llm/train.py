@@ -147,7 +147,7 @@ def _load_predictions(path: Path) -> dict[str, dict[str, tuple[torch.Tensor, tor
 
 def run(cfg: Config) -> dict[str, Any]:
     """The whole run; returns ``{"results": ..., "run_dir": ...}``. Writes as it goes."""
-    dist = distributed.init()
+    dist = distributed.init(fsdp=cfg.fsdp)
     run_dir = make_run_dir(cfg)
     resume = bool(cfg.resume)
     if resume and not (run_dir / "config.json").is_file():
@@ -173,7 +173,12 @@ def run(cfg: Config) -> dict[str, Any]:
     if dist.main:
         (run_dir / "splits.json").write_text(json.dumps(splits.manifest(), indent=1))
     log(f"loading model {cfg.model.name_or_path!r} on {device}", dist)
-    lm = model_lib.load(cfg.model, device=device, eager=needs_second_order(cfg), seed=cfg.seed)
+    if dist.fsdp:
+        log(f"FSDP: base weights sharded over {dist.world} processes" if dist.world > 1
+            else "FSDP asked for in a single process: nothing to shard over; running unsharded",
+            dist)
+    lm = model_lib.load(cfg.model, device=device, eager=needs_second_order(cfg), seed=cfg.seed,
+                        dist=dist)
     d = cfg.data
     collator = Collator(lm.tokenizer, mode=d.mode, prompt_style=d.prompt_style,
                         max_length=cfg.model.max_length, max_options=d.max_options)
@@ -234,6 +239,8 @@ def run(cfg: Config) -> dict[str, Any]:
             method.history = train_method(method, ctx, run_dir=run_dir, config_hash=config_hash,
                                           resume=resume)
         method.after_training(lambda ex, _m=method: predict_option_logits(ctx, _m, ex))
+        # every rank took the same steps; a drift here would make rank 0's results not the run's
+        dist.check_identical({**lm.inner(), **method.outer_params()}, f"[{name}] after training")
         untouched = not method.trains
         preds, res = {}, {}
         for es in eval_sets:

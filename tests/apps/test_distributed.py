@@ -1,5 +1,10 @@
-"""Two CPU processes (gloo) stay identical and agree with one process on the combined batch."""
+"""Two CPU processes (gloo) stay identical and agree with one process on the combined batch.
 
+Both data-parallel modes: DDP (whole model per rank) and FSDP (frozen base weights sharded with
+FSDP2, LoRA replicated; run with gradient checkpointing on, which recomputes blocks under FSDP).
+"""
+
+import dataclasses
 import os
 import socket
 
@@ -11,6 +16,11 @@ from safetensors.torch import load_file, save_file
 STEPS = 3
 PER_RANK = 2
 METHODS = ("sft", "calm")  # a plain backward, and the bilevel solver's autograd.grad calls
+# The FSDP runs also recompute activations (checkpointed blocks re-gather their weights). Their
+# reference is a single process with the same flag: checkpointing alone moves CALM's α by
+# rounding (BOME's ∇q̂ is a difference of two nearly equal gradients, and Adam scales the tiny
+# vocabulary-α gradients up to full steps), so only like may be compared with like.
+FSDP_FLAGS = ("--gradient-checkpointing",)
 
 
 def _examples():
@@ -24,7 +34,7 @@ def _examples():
     ]
 
 
-def _train(method: str, dist, per_rank: int, out: str) -> None:
+def _train(method: str, dist, per_rank: int, out: str, extra: tuple[str, ...] = ()) -> None:
     from apps.calm_llm import config as C
     from apps.calm_llm import methods
     from apps.calm_llm.data import Collator
@@ -34,8 +44,8 @@ def _train(method: str, dist, per_rank: int, out: str) -> None:
     torch.manual_seed(0)
     cfg = C.parse_args(["--config", "tiny", "--mode", "letter", "--batch-size", str(per_rank),
                         "--calib-batch-size", str(per_rank), "--steps", str(STEPS),
-                        "--max-grad-norm", "0", "--inner-steps", "2"])
-    lm = load(cfg.model, device=torch.device("cpu"), seed=0)
+                        "--max-grad-norm", "0", "--inner-steps", "2", *extra])
+    lm = load(cfg.model, device=torch.device("cpu"), seed=0, dist=dist)
     col = Collator(lm.tokenizer, mode="letter", max_length=96, max_options=5)
     ex = _examples()
     ctx = Context(cfg=cfg, lm=lm, collator=col, train_examples=ex[:16], calib_examples=ex[16:],
@@ -46,7 +56,29 @@ def _train(method: str, dist, per_rank: int, out: str) -> None:
             m.step(k)
     state = {f"lora.{n}": t for n, t in lm.inner_state().items()}
     state.update({f"alpha.{n}": t.detach().clone() for n, t in m.outer_params().items()})
+    if dist.fsdp:
+        _fsdp_facts(lm, m, dist, state, out)
     save_file(state, out)
+
+
+def _fsdp_facts(lm, method, dist, state: dict, out: str) -> None:
+    """Record how much of the frozen base this rank holds, and export on rank 0 alone."""
+    from torch.distributed.tensor import DTensor
+
+    from apps.calm_llm.export import export_method
+
+    local = total = 0
+    for p in lm.model.parameters():
+        if not p.requires_grad:
+            assert isinstance(p, DTensor), "a frozen base weight was left unsharded"
+            local += p.to_local().numel()
+            total += p.numel()
+        else:
+            assert not isinstance(p, DTensor), "a LoRA tensor was sharded"
+    state["meta.base_fraction_held"] = torch.tensor([local / total], dtype=torch.float64)
+    if dist.main:  # only rank 0 writes exports in the runner: must not need the other ranks
+        export_method(out + ".export", lm, method)
+    dist.barrier()
 
 
 def _worker(rank: int, world: int, port: int, out_dir: str) -> None:
@@ -59,6 +91,10 @@ def _worker(rank: int, world: int, port: int, out_dir: str) -> None:
     try:
         for method in METHODS:
             _train(method, d, PER_RANK, os.path.join(out_dir, f"{method}-rank{rank}.safetensors"))
+        fsdp = dataclasses.replace(d, fsdp=True)
+        for method in METHODS:
+            _train(method, fsdp, PER_RANK,
+                   os.path.join(out_dir, f"{method}-fsdp-rank{rank}.safetensors"), FSDP_FLAGS)
     finally:
         torch.distributed.destroy_process_group()
 
@@ -77,13 +113,20 @@ def runs(tmp_path_factory):
     mp.spawn(_worker, args=(2, _free_port(), str(out)), nprocs=2, join=True)
     for method in METHODS:
         _train(method, Dist(), 2 * PER_RANK, str(out / f"{method}-single.safetensors"))
+        _train(method, Dist(), 2 * PER_RANK, str(out / f"{method}-fsdp-single.safetensors"),
+               FSDP_FLAGS)
     return out
 
 
+@pytest.mark.parametrize("mode", ["ddp", "fsdp"])
 @pytest.mark.parametrize("method", METHODS)
-def test_two_ranks_match_one_process_on_the_combined_batch(method, runs):
-    r0, r1 = (load_file(str(runs / f"{method}-rank{r}.safetensors")) for r in (0, 1))
-    single = load_file(str(runs / f"{method}-single.safetensors"))
+def test_two_ranks_match_one_process_on_the_combined_batch(method, mode, runs):
+    tag = "" if mode == "ddp" else "-fsdp"
+    r0, r1 = (load_file(str(runs / f"{method}{tag}-rank{r}.safetensors")) for r in (0, 1))
+    single = load_file(str(runs / f"{method}{tag}-single.safetensors"))
+    if mode == "fsdp":
+        for r in (r0, r1):  # each rank holds half of the frozen base (the tiny dims are even)
+            assert float(r.pop("meta.base_fraction_held")) == pytest.approx(0.5, abs=0.01)
     assert r0.keys() == r1.keys() == single.keys()
     moved = 0.0
     for k in r0:
@@ -92,3 +135,17 @@ def test_two_ranks_match_one_process_on_the_combined_batch(method, runs):
         if "lora_B" in k:
             moved += float(r0[k].abs().sum())
     assert moved > 0  # training did something (LoRA B starts at zero)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_fsdp_export_on_rank_zero_alone_holds_the_trained_adapter(method, runs):
+    from peft import load_peft_weights
+
+    r0 = load_file(str(runs / f"{method}-fsdp-rank0.safetensors"))
+    exported = load_peft_weights(str(runs / f"{method}-fsdp-rank0.safetensors.export" / "adapter"))
+    lora = {k[len("lora."):]: v for k, v in r0.items() if k.startswith("lora.")}
+    assert len(exported) == len(lora) > 0
+    for k, v in exported.items():  # peft drops the adapter name ("default") from the keys
+        match = [t for n, t in lora.items() if n.replace(".default", "") == k]
+        assert len(match) == 1, k
+        torch.testing.assert_close(v, match[0], rtol=0, atol=0)
