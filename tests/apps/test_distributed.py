@@ -91,12 +91,28 @@ def _worker(rank: int, world: int, port: int, out_dir: str) -> None:
     try:
         for method in METHODS:
             _train(method, d, PER_RANK, os.path.join(out_dir, f"{method}-rank{rank}.safetensors"))
+        _probe_identity_check(d, out_dir)
         fsdp = dataclasses.replace(d, fsdp=True)
         for method in METHODS:
             _train(method, fsdp, PER_RANK,
                    os.path.join(out_dir, f"{method}-fsdp-rank{rank}.safetensors"), FSDP_FLAGS)
     finally:
         torch.distributed.destroy_process_group()
+
+
+def _probe_identity_check(d, out_dir: str) -> None:
+    """Equal tensors pass `check_identical`; one element off on one rank raises on every rank."""
+    same = {"a": torch.arange(6.0).reshape(2, 3), "b": torch.ones(4)}
+    d.check_identical(same, "probe")
+    drift = {"a": same["a"].clone(), "b": same["b"].clone()}
+    drift["b"][2] += 1e-6 * d.rank
+    try:
+        d.check_identical(drift, "probe")
+        outcome = "passed"
+    except RuntimeError as e:
+        outcome = str(e)
+    with open(os.path.join(out_dir, f"probe-rank{d.rank}.txt"), "w") as f:
+        f.write(outcome)
 
 
 def _free_port() -> int:
@@ -149,3 +165,9 @@ def test_fsdp_export_on_rank_zero_alone_holds_the_trained_adapter(method, runs):
         match = [t for n, t in lora.items() if n.replace(".default", "") == k]
         assert len(match) == 1, k
         torch.testing.assert_close(v, match[0], rtol=0, atol=0)
+
+
+def test_drifted_ranks_are_caught_on_every_rank(runs):
+    for r in (0, 1):
+        msg = (runs / f"probe-rank{r}.txt").read_text()
+        assert "probe: the 2 ranks hold different values of 1 tensor(s), e.g. ['b']" in msg
