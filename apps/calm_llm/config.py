@@ -33,6 +33,8 @@ METHODS = (
     "calm_regularization",
     "calm_scalar",
 )
+# A copy of data.MCQA_SOURCES (a test keeps them equal): importing the data package pulls in torch,
+# and validation must stay instant.
 MCQA_SOURCES = (
     "mmlu",
     "medmcqa",

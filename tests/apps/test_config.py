@@ -94,3 +94,11 @@ def test_help_documents_every_option_with_default():
     for _sec, f in C._leaf_fields():
         assert C._flag(f) in text
     assert "(default: 'bome')" in text and "(default: 0.001)" in text
+
+
+def test_config_source_list_matches_the_data_registry():
+    # config keeps its own copy so that validation (and --help) never imports torch; this keeps
+    # the two from drifting apart.
+    from apps.calm_llm import data
+
+    assert C.MCQA_SOURCES == data.MCQA_SOURCES
