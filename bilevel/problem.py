@@ -119,7 +119,15 @@ class Tape:
         ref = (new or tensors)[0]
         # float64 keeps info values exact; MPS has no float64.
         dtype = torch.float32 if ref.device.type == "mps" else torch.float64
-        parts = [torch.isfinite(v).to(dtype).reshape(1) for v in new]
+        parts = []
+        if new:
+            # One stack + one isfinite for all T + 1 values, not a check and a cast per value
+            # (measured: ~20 operators per unrolled step otherwise, doubling tiny problems' time).
+            try:
+                stacked = torch.stack(new)
+            except RuntimeError:  # values on different devices
+                stacked = torch.stack([v.to(device=ref.device) for v in new])
+            parts.append(torch.isfinite(stacked).to(dtype))
         parts += [v.detach().to(device=ref.device, dtype=dtype).reshape(1) for v in tensors]
         host = torch.cat(parts).tolist()
         flags, values = host[: len(new)], iter(host[len(new) :])

@@ -79,7 +79,8 @@ def predict_option_logits(
     outs, labels = [], []
     bs = ctx.cfg.train.eval_batch_size
     batches = batch_iterator(examples, ctx.collator, bs, shuffle=False, seed=0)
-    with ctx.lm.mode(False):
+    # no autograd graph: the LoRA tensors require grad, and prediction never differentiates
+    with ctx.lm.mode(False), torch.no_grad():
         for batch in tqdm(batches, total=math.ceil(len(examples) / bs), desc=f"predict {desc}",
                           leave=False, disable=not ctx.dist.main, file=sys.stderr):
             batch = batch.to(ctx.lm.device)
