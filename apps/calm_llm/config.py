@@ -432,8 +432,14 @@ def validate(cfg: Config) -> None:
             f"--quantization {m.quantization}: needs the bitsandbytes package "
             "(pip install bitsandbytes; CUDA only)",
         )
-    _check(d.max_options >= 2, "--max-options: must be at least 2")
+    # the collator letters options A..J
+    _check(2 <= d.max_options <= 10, f"--max-options: must be in 2..10, got {d.max_options}")
     _check(len(d.in_domain) > 0, "--in-domain: give at least one source")
+    both = sorted(set(d.in_domain) & set(d.out_of_domain))
+    _check(not both, f"--in-domain and --out-of-domain share {both}: a set is one or the other")
+    if d.out_of_domain:
+        _check(d.n_ood >= 1, "--n-ood: need at least 1 question per out-of-domain source "
+               "(or give no --out-of-domain sources)")
     files, hub = data_files(cfg), data_hub(cfg)
     for src in [*d.in_domain, *d.out_of_domain]:
         _check(
@@ -485,8 +491,10 @@ def validate(cfg: Config) -> None:
                "sharded; use --fsdp in bf16, or DDP (no --fsdp) with --quantization 4bit")
         _check(not needs_second_order(cfg),
                f"--fsdp with --solver {c.solver}: the second-order solvers run single-process only")
-    if d.instruction_data and d.mode == "letter" and "rcft" in cfg.methods:
-        raise ConfigError("rcft needs MCQA training data (its regularizer uses option probabilities)")
+    if d.instruction_data and "rcft" in cfg.methods:
+        # in any mode: instruction examples have no options, so no option probabilities
+        raise ConfigError("--methods rcft needs MCQA training data (its regularizer uses option "
+                          "probabilities); drop rcft or --instruction-data")
 
 
 def needs_second_order(cfg: Config) -> bool:

@@ -68,6 +68,14 @@ def test_saved_config_round_trips(tmp_path):
         (["--data-files", "justapath"], "NAME=VALUE"),
         (["--methods"], "at least one method"),
         (["--inner-steps", "0"], "--inner-steps"),
+        (["--max-options", "11"], "--max-options"),
+        (["--in-domain", "sciq", "--out-of-domain", "sciq"], "share ['sciq']"),
+        (["--n-ood", "0"], "--n-ood"),
+        # rcft cannot train on instruction data in either scoring mode
+        (["--methods", "rcft", "--instruction-data", "alpaca", "--data-files", "alpaca=a.jsonl"],
+         "rcft needs MCQA"),
+        (["--methods", "rcft", "--mode", "letter", "--instruction-data", "alpaca",
+          "--data-files", "alpaca=a.jsonl"], "rcft needs MCQA"),
     ],
 )
 def test_bad_values_are_named(argv, needle, capsys):
