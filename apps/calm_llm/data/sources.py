@@ -310,16 +310,19 @@ def load_source(
     hub: str | None = None,
     limit: int | None = None,
     seed: int = 0,
+    instruction: bool | None = None,
 ) -> list[MCQAExample] | list[InstructionExample]:
     """Load one source as unified examples.
 
     Args:
-        name: a registry name (``MCQA_SOURCES`` or "alpaca"); with ``path`` any name works and
-            becomes the examples' ``source`` ("alpaca" or a name starting with "alpaca" reads
-            instruction rows).
+        name: a registry name (``MCQA_SOURCES`` or "alpaca"); with ``path`` or ``hub`` any name
+            works and becomes the examples' ``source`` (its rows then hold the unified fields,
+            or the Alpaca fields for instruction data).
         path: a local data file (unified fields, see the module docstring).
         hub: a hub spec "org/name[:config][@split]" for ``datasets.load_dataset``; a registry
             source fills a missing config/split from its default (e.g. "cais/mmlu" -> all@test).
+        instruction: read Alpaca rows (instruction/input/output) rather than MCQA rows; None =
+            infer from the name ("alpaca" or a name starting with "alpaca").
         limit: keep a seeded random subset of this many examples (all when None or larger).
         seed: the subset's seed and SciQ's option shuffle.
 
@@ -328,21 +331,27 @@ def load_source(
     """
     if path is not None and hub is not None:
         raise ValueError("pass at most one of path= and hub=")
-    instruction = name in INSTRUCTION_SOURCES or name.startswith("alpaca")
-    if path is not None:
-        rows = ((r, f"{path} row {i + 1}") for i, r in enumerate(read_rows(path)))
-        if instruction:
-            examples = [map_alpaca(r, name, w) for r, w in rows]
-        else:
-            examples = [map_unified(r, name, w) for r, w in rows]
-    else:
-        if name not in SOURCES:
-            raise ValueError(
-                f"unknown data source {name!r}; known: {', '.join(SOURCES)} (or pass path= for a local file)"
-            )
+    if instruction is None:
+        instruction = name in INSTRUCTION_SOURCES or name.startswith("alpaca")
+    if name in SOURCES and path is None and (SOURCES[name].name == "alpaca") == instruction:
+        # a registry source: its own field layout, offline or from the hub
         mapper = _mapper(name, seed)
         rows = _hub_rows(name, hub) if hub is not None else _offline_rows(name)
-        examples = [mapper(r, w) for r, w in rows]
+    elif path is not None or hub is not None:
+        # a user's file or hub dataset in the unified (or Alpaca) fields, under any name
+        def mapper(r: Row, w: str) -> Any:
+            return map_alpaca(r, name, w) if instruction else map_unified(r, name, w)
+
+        if path is not None:
+            rows = ((r, f"{path} row {i + 1}") for i, r in enumerate(read_rows(path)))
+        else:
+            rows = _hub_rows(name, hub)
+    else:
+        raise ValueError(
+            f"unknown data source {name!r}; known: {', '.join(SOURCES)} (or pass path= for a local "
+            "file or hub= for a hub dataset)"
+        )
+    examples = [mapper(r, w) for r, w in rows]
     examples = _dedupe(examples)
     if limit is not None:
         if limit < 1:
