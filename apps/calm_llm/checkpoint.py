@@ -121,7 +121,9 @@ def save(
         shutil.rmtree(tmp)
     tmp.mkdir(parents=True)
     save_file(tensors, str(tmp / "state.safetensors"))
-    (tmp / "state.json").write_text(json.dumps(meta))
+    # written then renamed, so a complete-looking tmp folder never holds a truncated state.json
+    (tmp / "state.json.part").write_text(json.dumps(meta))
+    (tmp / "state.json.part").rename(tmp / "state.json")
     if directory.exists():
         old = directory.with_name(directory.name + ".old")
         if old.exists():
@@ -134,14 +136,35 @@ def save(
     return directory
 
 
-def exists(directory: str | Path) -> bool:
-    d = Path(directory)
+def _complete(d: Path) -> bool:
     return (d / "state.json").is_file() and (d / "state.safetensors").is_file()
+
+
+def _recover(d: Path) -> None:
+    """Finish a `save` killed between its two renames (``d`` gone, ``d.tmp`` and ``d.old`` there).
+
+    ``d.tmp`` is complete by then (the renames come after both files are written), so it is the
+    newer checkpoint; ``d.old`` is the fallback.
+    """
+    if d.exists():
+        return
+    for cand in (d.with_name(d.name + ".tmp"), d.with_name(d.name + ".old")):
+        if _complete(cand):
+            cand.rename(d)
+            return
+
+
+def exists(directory: str | Path) -> bool:
+    """Whether a complete checkpoint is there (after recovering from a save killed mid-rename)."""
+    d = Path(directory)
+    _recover(d)
+    return _complete(d)
 
 
 def load(directory: str | Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     """(tensors, meta) of a checkpoint; safetensors + JSON only."""
     d = Path(directory)
+    _recover(d)
     meta = json.loads((d / "state.json").read_text())
     if meta.get("format") != FORMAT:
         raise ValueError(f"{d}: checkpoint format {meta.get('format')} (this code reads {FORMAT})")

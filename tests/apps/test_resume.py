@@ -8,6 +8,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from apps.calm_llm import checkpoint
 from apps.calm_llm.__main__ import main
 from apps.calm_llm.methods.calm import Calm
 from apps.calm_llm.methods.sft import SFT
@@ -75,3 +76,48 @@ def test_non_finite_loss_names_step_and_checkpoint(tmp_path, monkeypatch, capsys
     assert "non-finite loss" in err and "at step 3" in err
     assert "checkpoints/sft (step 2)" in err
     assert set(_results(tmp_path)) == {"none"}  # what was evaluated is kept
+
+
+class _Lm:
+    def __init__(self):
+        self.state = {}
+
+    def load_inner(self, state):
+        self.state = state
+
+
+class _Method:
+    """The least a method shows `checkpoint`: a name and (here empty) trained state."""
+
+    name = "sft"
+    optimizers: dict = {}
+    schedulers: dict = {}
+    streams: dict = {}
+
+    def outer_params(self):
+        return {}
+
+    def tensors(self):
+        return {}
+
+    def load_tensors(self, tensors):
+        pass
+
+
+@pytest.mark.parametrize("left", [".tmp", ".old"])
+def test_a_save_killed_between_its_renames_keeps_a_checkpoint(tmp_path, left):
+    d = tmp_path / "sft"
+    for step in (2, 4):
+        checkpoint.save(d, method=_Method(), lora={"w": torch.full((2,), float(step))}, step=step,
+                        config_hash="h", history=[])
+    # save renames d -> d.old, then d.tmp -> d; a kill in between leaves both (d.tmp is newer)
+    d.rename(tmp_path / "sft.old")
+    if left == ".tmp":
+        checkpoint.save(tmp_path / "x", method=_Method(), lora={"w": torch.full((2,), 6.0)}, step=6,
+                        config_hash="h", history=[])
+        (tmp_path / "x").rename(tmp_path / "sft.tmp")
+    assert checkpoint.exists(d)
+    lm = _Lm()
+    step, _ = checkpoint.restore(d, method=_Method(), lm=lm, config_hash="h")
+    assert step == (6 if left == ".tmp" else 4)
+    assert torch.equal(lm.state["w"], torch.full((2,), float(step)))
