@@ -137,6 +137,13 @@ class TrainConfig:
     warmup_ratio: float = opt(0.1, "fraction of the steps spent in linear warmup")
     max_grad_norm: float = opt(1.0, "clip the θ gradient norm (0 = off)")
     label_smoothing: float = opt(0.1, "smoothing of the label_smoothing baseline")
+    label_smoothing_scope: str = opt(
+        "vocab",
+        "label_smoothing spreads ε over the whole vocabulary (as Hugging Face's Trainer does) or "
+        "(letter mode) over the question's option letters, which is what smooths the answer "
+        "distribution",
+        choices=("vocab", "options"),
+    )
     rcft_weight: float = opt(0.5, "RCFT: total = (1-w)·SFT + w·1e-3·Σ_k L_k")
     rcft_bins: int = opt(10, "RCFT: confidence bins of the ECE regularizer")
     rcft_reestimate_every: int = opt(
@@ -477,6 +484,9 @@ def validate(cfg: Config) -> None:
             "--alpha-scope options needs --mode letter (in cloze mode the answer is scored over "
             "the whole vocabulary, so α must be over the vocabulary: --alpha-scope vocab)",
         )
+    if t.label_smoothing_scope == "options":
+        _check(d.mode == "letter" and not d.instruction_data,
+               "--label-smoothing-scope options needs --mode letter and MCQA training data")
     if c.upper_objective == "answer_tokens":
         _check(d.mode == "cloze", "--upper-objective answer_tokens needs --mode cloze")
     if c.solver in ("itd", "aid"):

@@ -69,6 +69,7 @@ def test_saved_config_round_trips(tmp_path):
         (["--methods"], "at least one method"),
         (["--inner-steps", "0"], "--inner-steps"),
         (["--max-options", "11"], "--max-options"),
+        (["--label-smoothing-scope", "options"], "--label-smoothing-scope options needs --mode letter"),
         (["--in-domain", "sciq", "--out-of-domain", "sciq"], "share ['sciq']"),
         (["--n-ood", "0"], "--n-ood"),
         # rcft cannot train on instruction data in either scoring mode

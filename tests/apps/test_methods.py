@@ -136,6 +136,26 @@ def test_label_smoothing_uses_the_configured_epsilon(letter):
     assert methods.get("sft")(letter).smoothing() == 0.0
 
 
+def test_label_smoothing_over_the_option_letters():
+    ctx = make_ctx("letter", "--label-smoothing-scope", "options", "--label-smoothing", "0.2")
+    m = methods.get("label_smoothing")(ctx)
+    b = ctx.stream("train").next()
+    with torch.no_grad():
+        z = ctx.lm.logits(None, b, last_only=True)
+        logp = torch.log_softmax(z[:, -1], -1).double()
+        want = []
+        for i in range(b.n_questions):  # CE against q = 0.8·δ_gold + 0.2·uniform(option letters)
+            n = int(b.n_options[i])
+            q = torch.zeros_like(logp[i])
+            q[ctx.option_token_ids[:n]] = 0.2 / n
+            q[ctx.option_token_ids[b.labels[i]]] += 0.8
+            want.append(-(q * logp[i]).sum())
+        assert float(m.loss(z, b)) == pytest.approx(float(torch.stack(want).mean()), rel=1e-5)
+        # the default (vocabulary) scope is the library's smoothing over all V entries
+        m.ctx.cfg.train.label_smoothing_scope = "vocab"
+        assert float(m.loss(z, b)) == pytest.approx(float(scoring.lm_loss(z, b, label_smoothing=0.2)))
+
+
 def test_rcft_cloze_estimates_bins_and_trains(cloze):
     from apps.calm_llm.train import predict_option_logits
 

@@ -7,7 +7,10 @@ tensors under the warmup + cosine schedule; `label_smoothing` smooths the target
 
 from __future__ import annotations
 
+import torch
+
 from .. import scoring
+from ..data import Batch
 from .base import Context, Method
 
 
@@ -23,13 +26,16 @@ class SFT(Method):
     def smoothing(self) -> float:
         return 0.0
 
+    def loss(self, logits: torch.Tensor, batch: Batch) -> torch.Tensor:
+        return scoring.lm_loss(logits, batch, label_smoothing=self.smoothing())
+
     def step(self, k: int) -> dict[str, float]:
         params = self.ctx.lm.inner()
         accum = self.ctx.cfg.train.grad_accum
         total = 0.0
         for _ in range(accum):
             logits, batch = self.ctx.forward(params, self.streams["train"].next())
-            loss = scoring.lm_loss(logits, batch, label_smoothing=self.smoothing())
+            loss = self.loss(logits, batch)
             (loss / accum).backward()
             total += float(loss.detach()) / accum
         self.apply_step()
@@ -41,3 +47,17 @@ class LabelSmoothing(SFT):
 
     def smoothing(self) -> float:
         return self.ctx.cfg.train.label_smoothing
+
+    def loss(self, logits: torch.Tensor, batch: Batch) -> torch.Tensor:
+        """``vocab``: ε/V on every vocabulary entry. With V ≈ 50k that leaves the option-letter
+        target almost one-hot (gold 1 − ε, other letters ε/V), so it barely smooths the answer
+        distribution. ``options`` (letter batches): target q = (1 − ε)·δ_gold + ε·uniform over the
+        question's n option letters, i.e. L = (1 − ε)·CE(gold) − (ε/n)·Σ_j log p(letter_j),
+        p = softmax over the vocabulary at the answer position."""
+        if self.ctx.cfg.train.label_smoothing_scope == "vocab":
+            return super().loss(logits, batch)
+        eps = self.smoothing()
+        logp = torch.log_softmax(logits[:, -1, :].float(), -1)[:, self.ctx.option_token_ids]  # (N, K)
+        present = torch.arange(logp.shape[1], device=logp.device)[None, :] < batch.n_options[:, None]
+        spread = -(logp * present).sum(-1) / batch.n_options.to(logp.dtype)
+        return (1 - eps) * scoring.lm_loss(logits, batch) + eps * spread.mean()
