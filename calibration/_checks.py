@@ -43,13 +43,23 @@ def as_labels(x: Any, name: str = "labels") -> torch.Tensor:
     return torch.from_numpy(arr.astype(np.int64, copy=True))
 
 
-def check_probs(probs: Any) -> torch.Tensor:
+def check_probs(probs: Any, *, from_logits: bool = False) -> torch.Tensor:
     """Validate an (N, K) probability matrix; return it as float64.
 
-    Raises ValueError naming the problem: wrong rank, empty, fewer than 2 classes, NaN/inf,
-    entries outside [0, 1], or rows not summing to 1 within ``ROW_SUM_ATOL``.
+    With ``from_logits=True`` the input is (N, K) logits (−inf allowed for absent classes, as
+    long as each row has a finite entry) and is turned into probabilities by a float64 softmax
+    first. Raises ValueError naming the problem: wrong rank, empty, fewer than 2 classes,
+    NaN/inf, entries outside [0, 1], or rows not summing to 1 within ``ROW_SUM_ATOL``.
     """
-    p = as_float64(probs, "probs")
+    p = as_float64(probs, "logits" if from_logits else "probs")
+    if from_logits:
+        if p.ndim != 2:
+            raise ValueError(f"logits must have shape (N, K), got shape {tuple(p.shape)}")
+        if torch.isnan(p).any() or (p == float("inf")).any():
+            raise ValueError("logits contain NaN or +inf")
+        if p.shape[0] and p.shape[1] and not torch.isfinite(p).any(dim=1).all():
+            raise ValueError("a row of logits is entirely -inf: no class has any probability")
+        p = torch.softmax(p, dim=1)
     if p.ndim != 2:
         raise ValueError(f"probs must have shape (N, K), got shape {tuple(p.shape)}")
     n, k = p.shape
@@ -74,9 +84,12 @@ def check_probs(probs: Any) -> torch.Tensor:
     return p
 
 
-def check_probs_labels(probs: Any, labels: Any) -> tuple[torch.Tensor, torch.Tensor]:
-    """Validate ``probs`` (N, K) and integer ``labels`` (N,) in [0, K); return float64, int64."""
-    p = check_probs(probs)
+def check_probs_labels(
+    probs: Any, labels: Any, *, from_logits: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Validate ``probs`` (N, K) (or logits, see ``check_probs``) and integer ``labels`` (N,) in
+    [0, K); return float64 probabilities and int64 labels."""
+    p = check_probs(probs, from_logits=from_logits)
     y = as_labels(labels)
     if y.ndim != 1:
         raise ValueError(f"labels must have shape (N,), got shape {tuple(y.shape)}")

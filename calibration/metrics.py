@@ -2,7 +2,9 @@
 
 Shapes: ``probs`` is (N, K) with rows summing to 1 (see ``_checks.ROW_SUM_ATOL``), ``labels`` is
 (N,) with integer classes in [0, K). Both may be torch tensors or numpy arrays; every metric
-returns a Python float computed in float64. Bins follow ``calibration.binning`` (equal width,
+returns a Python float computed in float64. Every metric also takes ``from_logits=True``, in which
+case the first argument is (N, K) logits (−inf allowed for absent classes) turned into
+probabilities by a float64 softmax. Bins follow ``calibration.binning`` (equal width,
 [k/n, (k+1)/n), last bin closed). Formulas, with conf_i = max_j p_ij, pred_i = argmax_j p_ij,
 and B_k the samples whose confidence falls in bin k:
 
@@ -70,18 +72,20 @@ def _ece_from_bins(count: torch.Tensor, mean_conf: torch.Tensor, mean_out: torch
     return float((count[nonempty] * gap).sum() / count.sum())
 
 
-def accuracy(probs: Any, labels: Any) -> float:
+def accuracy(probs: Any, labels: Any, *, from_logits: bool = False) -> float:
     """Top-1 accuracy (1/N) Σ_i 1[argmax_j p_ij = y_i]. probs (N, K), labels (N,)."""
-    p, y = check_probs_labels(probs, labels)
+    p, y = check_probs_labels(probs, labels, from_logits=from_logits)
     return float(_top_label(p, y)[1].mean())
 
 
-def mean_confidence(probs: Any) -> float:
+def mean_confidence(probs: Any, *, from_logits: bool = False) -> float:
     """Mean top-label confidence (1/N) Σ_i max_j p_ij. probs (N, K)."""
-    return float(check_probs(probs).max(dim=1).values.mean())
+    return float(check_probs(probs, from_logits=from_logits).max(dim=1).values.mean())
 
 
-def conf_ece(probs: Any, labels: Any, n_bins: int = 10, binning: Binning = "width") -> float:
+def conf_ece(
+    probs: Any, labels: Any, n_bins: int = 10, binning: Binning = "width", *, from_logits: bool = False
+) -> float:
     """Top-label (confidence) ECE: Σ_k (|B_k|/N) |acc(B_k) − conf(B_k)|.
 
     Args:
@@ -91,31 +95,33 @@ def conf_ece(probs: Any, labels: Any, n_bins: int = 10, binning: Binning = "widt
             quantile edges; less sensitive to where confidences cluster).
     Returns: ECE in [0, 1].
     """
-    p, y = check_probs_labels(probs, labels)
+    p, y = check_probs_labels(probs, labels, from_logits=from_logits)
     conf, correct = _top_label(p, y)
     return _ece_from_bins(*_binned(conf, correct, check_n_bins(n_bins), binning))
 
 
-def mce(probs: Any, labels: Any, n_bins: int = 10, binning: Binning = "width") -> float:
+def mce(
+    probs: Any, labels: Any, n_bins: int = 10, binning: Binning = "width", *, from_logits: bool = False
+) -> float:
     """Maximum calibration error: max over non-empty bins of |acc(B_k) − conf(B_k)|.
 
     Same arguments and bins as ``conf_ece``. Returns a value in [0, 1].
     """
-    p, y = check_probs_labels(probs, labels)
+    p, y = check_probs_labels(probs, labels, from_logits=from_logits)
     conf, correct = _top_label(p, y)
     count, mean_conf, mean_out = _binned(conf, correct, check_n_bins(n_bins), binning)
     nonempty = count > 0
     return float((mean_out[nonempty] - mean_conf[nonempty]).abs().max())
 
 
-def cw_ece(probs: Any, labels: Any, n_bins: int = 10) -> float:
+def cw_ece(probs: Any, labels: Any, n_bins: int = 10, *, from_logits: bool = False) -> float:
     """Classwise ECE as the CFT paper defines it, for any K.
 
     cw_ece = (1/K) Σ_j Σ_k (|B_jk|/N) |mean_{i∈B_jk} 1[y_i=j] − mean_{i∈B_jk} p_ij|, where
     B_jk are the samples whose probability for class j falls in equal-width bin k (each class's
     column is binned on its own, over all N samples). probs (N, K), labels (N,).
     """
-    p, y = check_probs_labels(probs, labels)
+    p, y = check_probs_labels(probs, labels, from_logits=from_logits)
     n, k = p.shape
     n_bins = check_n_bins(n_bins)
     onehot = torch.nn.functional.one_hot(y, k).to(torch.float64)
@@ -128,30 +134,30 @@ def cw_ece(probs: Any, labels: Any, n_bins: int = 10) -> float:
     return float((y_sum - p_sum).abs().sum() / (n * k))
 
 
-def brier(probs: Any, labels: Any) -> float:
+def brier(probs: Any, labels: Any, *, from_logits: bool = False) -> float:
     """Multiclass Brier score (1/N) Σ_i Σ_j (p_ij − 1[y_i=j])², in [0, 2]. probs (N, K)."""
-    p, y = check_probs_labels(probs, labels)
+    p, y = check_probs_labels(probs, labels, from_logits=from_logits)
     onehot = torch.nn.functional.one_hot(y, p.shape[1]).to(torch.float64)
     return float(((p - onehot) ** 2).sum(dim=1).mean())
 
 
-def nll(probs: Any, labels: Any, eps: float = 1e-12) -> float:
+def nll(probs: Any, labels: Any, eps: float = 1e-12, *, from_logits: bool = False) -> float:
     """Negative log-likelihood −(1/N) Σ_i log max(p_{i,y_i}, eps).
 
     ``eps`` keeps one zero-probability label from making the mean infinite; it caps each term
     at −log(eps) ≈ 27.6 for the default. probs (N, K), labels (N,).
     """
-    p, y = check_probs_labels(probs, labels)
+    p, y = check_probs_labels(probs, labels, from_logits=from_logits)
     return float(-p.gather(1, y[:, None]).clamp_min(eps).log().mean())
 
 
-def smooth_ece(probs: Any, labels: Any) -> float:
+def smooth_ece(probs: Any, labels: Any, *, from_logits: bool = False) -> float:
     """Smooth ECE (Błasiok & Nakkiran 2023) of the top-label confidence vs correctness.
 
     Bin-free: the residual 1[pred=y] − conf is smoothed with a reflected Gaussian kernel whose
     width σ* is the fixed point smECE_σ* = σ* (see ``calibration.smooth_ece``). probs (N, K).
     """
-    p, y = check_probs_labels(probs, labels)
+    p, y = check_probs_labels(probs, labels, from_logits=from_logits)
     conf, correct = _top_label(p, y)
     return smooth_ece_binary(conf, correct).value
 
@@ -175,6 +181,8 @@ def bootstrap(
     n: int = 1000,
     seed: int = 0,
     level: float = 0.95,
+    *,
+    from_logits: bool = False,
 ) -> Interval:
     """Percentile bootstrap interval for any ``metric(probs, labels) -> float``.
 
@@ -184,7 +192,7 @@ def bootstrap(
     validated float64 / int64 CPU torch tensors. Use
     ``functools.partial(conf_ece, n_bins=15)`` to pass metric options.
     """
-    p, y = check_probs_labels(probs, labels)
+    p, y = check_probs_labels(probs, labels, from_logits=from_logits)
     if not isinstance(n, int) or n < 1:
         raise ValueError(f"n (number of resamples) must be a positive integer, got {n!r}")
     if not 0.0 < level < 1.0:
@@ -221,6 +229,8 @@ def reliability_data(
     n_bins: int = 10,
     mode: Literal["top", "classwise"] = "top",
     binning: Binning = "width",
+    *,
+    from_logits: bool = False,
 ) -> ReliabilityData:
     """Per-bin mean confidence, accuracy and count for a reliability diagram.
 
@@ -228,7 +238,7 @@ def reliability_data(
     mode="classwise": pools all N·K (sample, class) pairs, binning p_ij against 1[y_i = j];
     this is the pooled picture of what ``cw_ece`` averages per class.
     """
-    p, y = check_probs_labels(probs, labels)
+    p, y = check_probs_labels(probs, labels, from_logits=from_logits)
     n_bins = check_n_bins(n_bins)
     if mode == "top":
         conf, outcome = _top_label(p, y)
@@ -248,10 +258,10 @@ def reliability_data(
     )
 
 
-def summary(probs: Any, labels: Any, n_bins: int = 10) -> dict[str, float]:
+def summary(probs: Any, labels: Any, n_bins: int = 10, *, from_logits: bool = False) -> dict[str, float]:
     """All headline metrics at once: accuracy, conf_ece, cw_ece, mce, brier, nll,
     mean_confidence, smooth_ece (each a float)."""
-    p, y = check_probs_labels(probs, labels)
+    p, y = check_probs_labels(probs, labels, from_logits=from_logits)
     return {
         "accuracy": accuracy(p, y),
         "conf_ece": conf_ece(p, y, n_bins=n_bins),

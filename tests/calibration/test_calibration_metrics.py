@@ -284,3 +284,39 @@ def test_a_confidence_exactly_on_an_edge_opens_its_bin(n_bins):
     # The same through a metric: classwise, p = 0.3 for class 1 belongs to bin [0.3, 0.4).
     data = metrics.reliability_data(np.array([[0.7, 0.3]]), np.array([0]), mode="classwise")
     assert data.count[3] == 1 and data.count[7] == 1 and data.count.sum() == 2
+
+
+METRICS_WITH_LABELS = [
+    metrics.accuracy, metrics.conf_ece, metrics.mce, metrics.cw_ece, metrics.brier, metrics.nll,
+]
+
+
+@pytest.mark.parametrize("metric", METRICS_WITH_LABELS, ids=lambda m: m.__name__)
+def test_from_logits_equals_metric_of_the_softmax(metric):
+    g = torch.Generator().manual_seed(3)
+    logits = 4 * torch.randn(300, 5, generator=g, dtype=torch.float64)
+    labels = torch.randint(0, 5, (300,), generator=g)
+    expected = metric(logits.softmax(-1), labels)
+    assert metric(logits, labels, from_logits=True) == pytest.approx(expected, rel=1e-12)
+    # float32 logits and numpy input go through the same float64 softmax
+    assert metric(logits.float().numpy(), labels.numpy(), from_logits=True) == pytest.approx(
+        expected, rel=1e-5, abs=1e-6
+    )
+
+
+def test_from_logits_allows_absent_classes_and_rejects_bad_rows():
+    logits = torch.tensor([[2.0, 0.0, -math.inf], [0.0, 1.0, -math.inf]])
+    labels = torch.tensor([0, 1])
+    assert metrics.accuracy(logits, labels, from_logits=True) == 1.0
+    assert metrics.mean_confidence(logits, from_logits=True) == pytest.approx(
+        float(logits.softmax(-1).max(-1).values.double().mean()), rel=1e-6
+    )
+    iv = metrics.bootstrap(metrics.conf_ece, logits, labels, n=20, from_logits=True)
+    assert iv.estimate == pytest.approx(metrics.conf_ece(logits.softmax(-1), labels), rel=1e-6)
+    with pytest.raises(ValueError, match="entirely -inf"):
+        metrics.accuracy(torch.full((2, 3), -math.inf), labels, from_logits=True)
+    with pytest.raises(ValueError, match="NaN"):
+        metrics.accuracy(torch.tensor([[math.nan, 0.0], [0.0, 0.0]]), labels, from_logits=True)
+    # without the flag, logits are still refused as probabilities (with the usual message)
+    with pytest.raises(ValueError):
+        metrics.accuracy(torch.tensor([[2.0, -1.0], [0.5, 3.0]]), labels)
