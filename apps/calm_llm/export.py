@@ -61,13 +61,23 @@ class AlphaLogitsProcessor(LogitsProcessor):
         self.param, self.params, self.class_ids = param, params, class_ids
 
     @classmethod
-    def from_dir(cls, directory: str | Path, device: str | torch.device = "cpu") -> AlphaLogitsProcessor:
+    def from_dir(
+        cls, directory: str | Path, device: str | torch.device = "cpu", *, force: bool = False
+    ) -> AlphaLogitsProcessor:
+        """The processor of an exported method. A run made with ``--no-alpha-at-inference``
+        evaluated the adapter without α, so applying α would not be the model it measured:
+        that is refused unless ``force=True``."""
         d = Path(directory)
         if not (d / "alpha.json").is_file():
             raise FileNotFoundError(f"{d}: no alpha.json (this method learned no α)")
         from calibration import alpha as calibration_alpha
 
         meta = json.loads((d / "alpha.json").read_text())
+        if not meta.get("alpha_at_inference", True) and not force:
+            raise ValueError(
+                f"{d}: this run used --no-alpha-at-inference (α only shaped training), so the "
+                "calibrated model is the adapter alone; pass force=True to apply α anyway"
+            )
         kwargs = {"form": FORMS[meta["form"]]} if meta.get("form") else {}
         param = calibration_alpha.get(meta["param"], **kwargs)
         params = {n: t.to(device) for n, t in load_file(str(d / "alpha.safetensors")).items()}

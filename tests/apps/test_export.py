@@ -1,6 +1,7 @@
 """Export: the adapter loads with peft, α loads from safetensors+JSON, and a LogitsProcessor
 applies α during generate."""
 
+import pytest
 import torch
 from peft import PeftModel
 from transformers import LogitsProcessorList
@@ -59,3 +60,15 @@ def test_export_round_trip_and_generate(tmp_path):
                                 logits_processor=LogitsProcessorList([forced]),
                                 pad_token_id=lm.tokenizer.pad_token_id)
     assert gen[0, ids.shape[1]:].tolist() == [target] * 3
+
+
+def test_processor_refuses_alpha_the_run_did_not_evaluate_with(tmp_path):
+    cfg = C.parse_args(["--config", "tiny", "--mode", "letter", "--no-alpha-at-inference"])
+    lm = load(cfg.model, device=torch.device("cpu"), seed=0)
+    col = Collator(lm.tokenizer, mode="letter", max_length=96)
+    ctx = Context(cfg=cfg, lm=lm, collator=col, train_examples=EX, calib_examples=EX,
+                  train_collator=col, option_token_ids=col.option_token_ids)
+    out = export_method(tmp_path, lm, methods.get("calm")(ctx))
+    with pytest.raises(ValueError, match="no-alpha-at-inference"):
+        AlphaLogitsProcessor.from_dir(out)
+    assert AlphaLogitsProcessor.from_dir(out, force=True).params  # still loadable on request
