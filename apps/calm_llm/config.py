@@ -144,7 +144,11 @@ class TrainConfig:
         "distribution",
         choices=("vocab", "options"),
     )
-    rcft_weight: float = opt(0.5, "RCFT: total = (1-w)·SFT + w·1e-3·Σ_k L_k")
+    rcft_weight: float = opt(0.5, "RCFT: total = (1-w)·SFT + w·s·Σ_k L_k")
+    rcft_scale: float = opt(
+        1e-3, "RCFT: s, the regularizer's scale (1e-3 as released; with AdamW it leaves short "
+        "runs indistinguishable from SFT)"
+    )
     rcft_bins: int = opt(10, "RCFT: confidence bins of the ECE regularizer")
     rcft_reestimate_every: int = opt(
         0, "RCFT: re-run the E-step (bin accuracies) every k steps (0 = once, as released)"
@@ -473,6 +477,7 @@ def validate(cfg: Config) -> None:
     _check(t.warmup_ratio < 1, "--warmup-ratio: must be < 1")
     _check(t.label_smoothing < 1, "--label-smoothing: must be < 1")
     _check(t.rcft_weight <= 1, "--rcft-weight: must be in [0, 1]")
+    _check(t.rcft_scale >= 0, "--rcft-scale: must be >= 0")
     _check(t.rcft_bins >= 2, "--rcft-bins: must be at least 2")
     _check(c.alpha_lr > 0, f"--alpha-lr: must be positive, got {c.alpha_lr}")
     _check(c.inner_lr > 0, f"--inner-lr: must be positive, got {c.inner_lr}")

@@ -166,6 +166,32 @@ def test_rcft_cloze_estimates_bins_and_trains(cloze):
     assert m.bin_accuracy.shape == (cloze.cfg.train.rcft_bins,)
 
 
+def test_rcft_scale_sets_the_regularizer_weight(cloze):
+    """With s = 0 RCFT is SFT on (1 − w)·CE; a large s changes the LoRA step."""
+    from apps.calm_llm.train import predict_option_logits
+
+    train = cloze.cfg.train
+    saved = train.rcft_scale
+
+    def lora_after_one_step(scale):
+        train.rcft_scale = scale
+        torch.manual_seed(0)
+        m = methods.get("rcft")(cloze)
+        m.predict = lambda ex: predict_option_logits(cloze, m, ex)
+        before = cloze.lm.inner_state()
+        with cloze.lm.mode(True):
+            m.step(0)
+        after = {n: t.detach().clone() for n, t in cloze.lm.inner().items()}
+        cloze.lm.load_inner(before)
+        return after
+
+    try:
+        zero, big = lora_after_one_step(0.0), lora_after_one_step(10.0)
+    finally:
+        train.rcft_scale = saved
+    assert any(not torch.allclose(zero[n], big[n]) for n in zero)
+
+
 def test_gold_only_keeps_gold_targets(cloze):
     b = cloze.collator(EXAMPLES[:3], options="all")
     g = gold_only(b)

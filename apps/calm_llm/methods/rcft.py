@@ -2,7 +2,8 @@
 
 E-step: one pass over the training set gives each confidence bin's accuracy acc_k
 (`calibration.objectives.estimate_bin_accuracy`). M-step per batch:
-loss = (1 − w)·L_SFT + w·1e-3·R, R = `calibration.objectives.ece_regularizer(probs, acc_k)`
+loss = (1 − w)·L_SFT + w·s·R, R = `calibration.objectives.ece_regularizer(probs, acc_k)`, s = 1e-3
+as released (``--rcft-scale``)
 (pulls p_max towards acc_k and the other options towards targets summing to 1 − acc_k).
 Fixes to the released code, both options: ``--rcft-reestimate-every k`` re-runs the E-step
 (the released code never does), ``--rcft-include-top-bin`` (it skips [0.9, 1]).
@@ -58,7 +59,7 @@ class RCFT(Method):
             reg = objectives.ece_regularizer(
                 probs, self.bin_accuracy, n_bins=t.rcft_bins, include_top_bin=t.rcft_include_top_bin
             )
-            loss = (1 - t.rcft_weight) * sft + t.rcft_weight * 1e-3 * reg
+            loss = (1 - t.rcft_weight) * sft + t.rcft_weight * t.rcft_scale * reg
             (loss / t.grad_accum).backward()
             total += float(loss.detach()) / t.grad_accum
         self.apply_step()
