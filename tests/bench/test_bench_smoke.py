@@ -47,7 +47,8 @@ def test_hypergrad_quick_smallest(tmp_path):
         for m in ("unrolled", "implicit_cg", "implicit_neumann")
     } == methods
     for r in measured:
-        assert r["seconds_median"] > 0 and r["peak_mem_mb"] is None  # --no-memory
+        _has_a_timing(r)  # the record's shape, not its value: no timing is asserted
+        assert r["peak_mem_mb"] is None  # --no-memory
         assert math.isfinite(r["rel_error"])
         if r["library"] in ("plain_torch", "bilevel", "torchopt", "higher"):
             assert r["rel_error_vs_f64_same_method"] < 1e-4, r
@@ -57,6 +58,13 @@ def test_hypergrad_quick_smallest(tmp_path):
     assert "| problem | size | method | library |" in text and "## Targets" in text
 
 
+def _has_a_timing(record):
+    """A measured record carries a finite, positive float in its timing field."""
+    value = record["seconds_median"]
+    ok = isinstance(value, float) and math.isfinite(value) and value > 0
+    assert ok, record
+
+
 def test_scaling_quick_smallest(tmp_path):
     stem = tmp_path / "scaling"
     scaling.main(["--quick", "--smallest", "--budget", "0", "--no-memory", "--out", str(stem)])
@@ -64,7 +72,8 @@ def test_scaling_quick_smallest(tmp_path):
     assert {r["solver"] for r in records} == set(scaling.SOLVERS)
     assert {r["study"] for r in records} == {"T", "dim"}
     for r in records:
-        assert FIELDS <= set(r) and r["seconds_median"] > 0
+        assert FIELDS <= set(r)
+        _has_a_timing(r)
     assert (tmp_path / "scaling_T.png").stat().st_size > 0
     assert (tmp_path / "scaling_dim.png").stat().st_size > 0
 
