@@ -103,6 +103,11 @@ class DataConfig:
         choices=("sum", "mean", "char"),
     )
     max_options: int = opt(5, "most answer options a question may have")
+    share_prefix: bool = opt(
+        True,
+        "cloze: encode each question's context once and score its options against the cached "
+        "prefix (off: every option repeats the question; same scores, slower)",
+    )
     in_domain: list[str] = opt(["sciq"], f"in-domain MCQA sources, from {MCQA_SOURCES}")
     out_of_domain: list[str] = opt(["arc_easy"], "out-of-domain MCQA sources (test only)")
     n_train: int = opt(400, "training questions (pooled over the in-domain sources)")
@@ -126,7 +131,11 @@ class TrainConfig:
     steps: int = opt(24, "optimizer steps per trained method")
     batch_size: int = opt(8, "training questions per micro-batch")
     calib_batch_size: int = opt(4, "calibration questions per upper-level batch")
-    eval_batch_size: int = opt(16, "questions per evaluation batch")
+    eval_batch_size: int = opt(64, "most questions per evaluation batch")
+    eval_tokens: int = opt(
+        4096, "token budget of an evaluation batch (padded prefix + continuation tokens; "
+        "questions are batched longest first)"
+    )
     grad_accum: int = opt(1, "micro-batches accumulated per optimizer step")
     lr: float = opt(1e-3, "learning rate of the LoRA parameters (θ)")
     weight_decay: float = opt(0.0, "decoupled weight decay of θ (AdamW)")
@@ -473,6 +482,7 @@ def validate(cfg: Config) -> None:
     _check(t.lr > 0, f"--lr: must be positive, got {t.lr}")
     _check(t.batch_size >= 1 and t.calib_batch_size >= 1 and t.eval_batch_size >= 1,
            "batch sizes must be at least 1")
+    _check(t.eval_tokens >= 1, f"--eval-tokens: must be at least 1, got {t.eval_tokens}")
     _check(t.grad_accum >= 1, "--grad-accum: must be at least 1")
     _check(t.warmup_ratio < 1, "--warmup-ratio: must be < 1")
     _check(t.label_smoothing < 1, "--label-smoothing: must be < 1")

@@ -8,7 +8,9 @@ tensors (the solver's own copies during inner steps); every other weight is the 
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib.util
+import inspect
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -177,7 +179,14 @@ class CausalLM:
         ``inner`` (LoRA name -> tensor) replaces those parameters for this call only
         (``torch.func.functional_call``), so gradients flow to whatever tensors are passed;
         ``None`` uses the module's own parameters.
+
+        A shared-prefix batch (``batch.prefix``) is two forwards: the G prefixes with a KV
+        cache, then the S continuations against that cache gathered to their rows; the logits
+        are the continuations' (S, C', V). With gradients, the backward goes through each
+        prefix once and sums what its options send back (the gather's backward).
         """
+        if batch.prefix is not None:
+            return self._shared_prefix_logits(inner, batch, keep=keep)
         kwargs: dict[str, Any] = {
             "input_ids": batch.input_ids,
             "attention_mask": batch.attention_mask,
@@ -186,11 +195,56 @@ class CausalLM:
         }
         if last_only or keep:
             kwargs["logits_to_keep"] = 1 if last_only else int(keep)
+        return self._call(inner, kwargs).logits.float()
+
+    @functools.cached_property
+    def _cache_kwarg(self) -> str:
+        """The KV cache's name in forward(...) and its output: ``cache`` from transformers 5.24
+        on, ``past_key_values`` before (5.24 still accepts the old name, with a warning)."""
+        base = self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model
+        return "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
+
+    def _checkpointing(self) -> bool:
+        for name in ("is_activation_checkpointing", "is_gradient_checkpointing"):
+            if hasattr(type(self.model), name) or hasattr(self.model, name):
+                return bool(getattr(self.model, name))
+        return False
+
+    def _call(self, inner: dict[str, torch.Tensor] | None, kwargs: dict[str, Any]) -> Any:
         if inner is None:
-            out = self.model(**kwargs)
-        else:
-            out = torch.func.functional_call(self.model, inner, args=(), kwargs=kwargs, strict=False)
-        return out.logits.float()
+            return self.model(**kwargs)
+        return torch.func.functional_call(self.model, inner, args=(), kwargs=kwargs, strict=False)
+
+    def _shared_prefix_logits(
+        self, inner: dict[str, torch.Tensor] | None, batch: Any, *, keep: int = 0
+    ) -> torch.Tensor:
+        pre = batch.prefix
+        if self._checkpointing() and self.model.training and torch.is_grad_enabled():
+            # transformers drops the KV cache inside checkpointed layers: the continuations
+            # would silently lose their context
+            raise ValueError(
+                "a shared-prefix batch cannot be trained with gradient checkpointing "
+                "(collate with share_prefix=False)"
+            )
+        out = self._call(inner, {
+            "input_ids": pre.input_ids,
+            "attention_mask": pre.attention_mask,
+            "position_ids": pre.position_ids,
+            "use_cache": True,
+            "logits_to_keep": 1,  # the prefix needs no logits of its own; keep the head's cost at one column
+        })
+        cache = getattr(out, self._cache_kwarg)
+        cache.batch_select_indices(pre.row_group)  # (G, ..., P, d) -> (S, ..., P, d), differentiable
+        kwargs: dict[str, Any] = {
+            "input_ids": batch.input_ids,
+            "attention_mask": torch.cat([pre.attention_mask[pre.row_group], batch.attention_mask], 1),
+            "position_ids": batch.position_ids,
+            self._cache_kwarg: cache,
+            "use_cache": True,
+        }
+        if keep:
+            kwargs["logits_to_keep"] = int(keep)
+        return self._call(inner, kwargs).logits.float()
 
     @contextlib.contextmanager
     def mode(self, train: bool):

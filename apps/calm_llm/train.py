@@ -23,7 +23,7 @@ from . import checkpoint, distributed, evaluate, export
 from . import methods as method_registry
 from . import model as model_lib
 from .config import Config, data_files, data_hub, needs_second_order
-from .data import Collator, batch_iterator, load_source, make_splits
+from .data import Collator, budget_batches, load_source, make_splits
 from .methods.base import Context, Method
 
 
@@ -74,21 +74,38 @@ def load_data(cfg: Config):
 def predict_option_logits(
     ctx: Context, method: Method, examples: list, desc: str = ""
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(N, K) option logits after the method's vocabulary transform, and the (N,) labels."""
+    """(N, K) option logits after the method's vocabulary transform, and the (N,) labels, in
+    the order of ``examples``.
+
+    Batches follow a token budget (``--eval-tokens``, longest questions first), so long
+    questions do not pad short ones; in cloze mode each question's context is encoded once
+    (``--share-prefix``).
+    """
     from tqdm.auto import tqdm
 
-    outs, labels = [], []
-    bs = ctx.cfg.train.eval_batch_size
-    batches = batch_iterator(examples, ctx.collator, bs, shuffle=False, seed=0)
+    n = len(examples)
+    out: torch.Tensor | None = None
+    labels = torch.empty(n, dtype=torch.long)
+    t = ctx.cfg.train
+    batches = budget_batches(examples, ctx.collator, t.eval_tokens, max_examples=t.eval_batch_size)
     # no autograd graph: the LoRA tensors require grad, and prediction never differentiates
-    with ctx.lm.mode(False), torch.no_grad():
-        for batch in tqdm(batches, total=math.ceil(len(examples) / bs), desc=f"predict {desc}",
-                          leave=False, disable=not ctx.dist.main, file=sys.stderr):
+    with ctx.lm.mode(False), torch.no_grad(), tqdm(
+        total=n, desc=f"predict {desc}", unit="q", leave=False, disable=not ctx.dist.main,
+        file=sys.stderr,
+    ) as bar:
+        for idx, batch in batches:
             batch = batch.to(ctx.lm.device)
             logits, batch = ctx.forward(None, batch)
-            outs.append(ctx.option_logits(method.vocab_transform(logits), batch).float().cpu())
-            labels.append(batch.labels.cpu())
-    return torch.cat(outs), torch.cat(labels)
+            ol = ctx.option_logits(method.vocab_transform(logits), batch).float().cpu()
+            if out is None:
+                out = torch.full((n, ol.shape[1]), float("-inf"))
+            where = torch.tensor(idx, dtype=torch.long)
+            out[where] = ol
+            labels[where] = batch.labels.cpu()
+            bar.update(len(idx))
+    if out is None:
+        raise ValueError(f"predict {desc}: no examples")
+    return out, labels
 
 
 def probabilities(method: Method, option_logits: torch.Tensor) -> torch.Tensor:
@@ -183,7 +200,8 @@ def run(cfg: Config) -> dict[str, Any]:
                         dist=dist)
     d = cfg.data
     collator = Collator(lm.tokenizer, mode=d.mode, prompt_style=d.prompt_style,
-                        max_length=cfg.model.max_length, max_options=d.max_options)
+                        max_length=cfg.model.max_length, max_options=d.max_options,
+                        share_prefix=d.share_prefix)
     train_collator = collator
     if d.instruction_data:
         train_collator = Collator(lm.tokenizer, mode="cloze", prompt_style=d.prompt_style,

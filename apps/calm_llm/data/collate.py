@@ -6,6 +6,15 @@ answer tokens) and the number ``n_ans`` of trailing answer tokens. The model inp
 the answer tokens. Letter batches are LEFT-padded so the answer position is the last column
 (a model may then be called with ``logits_to_keep=1``); cloze and instruction batches are
 right-padded. Positions are ``cumsum(attention_mask) - 1`` so that padding never shifts them.
+
+With ``share_prefix`` a cloze batch of all options encodes each question's context once
+(`schema.Prefix`): the G prefixes are left-padded, the S option continuations right-padded, and
+`model.CausalLM.logits` runs the continuations against the prefixes' KV cache. The sequences are
+cut exactly as in the unshared layout (the last ``max_length`` input tokens of each option), so
+both layouts score every option on the same tokens: a question none of whose options is cut
+shares one prefix; one whose options are cut (each at its own place) gets one prefix per option.
+
+`budget_batches` groups examples by a token budget, longest first, instead of by count.
 """
 
 from __future__ import annotations
@@ -24,7 +33,7 @@ from .prompts import (
     letter_body,
     letter_prompt,
 )
-from .schema import Batch, InstructionExample, MCQAExample
+from .schema import Batch, InstructionExample, MCQAExample, Prefix
 
 IGNORE = -100
 MODES = ("letter", "cloze")
@@ -49,6 +58,9 @@ class Collator:
             generation prompt the bare letter is what the model emits). The letter token is
             what ``tok(prompt + prefix + letter)`` adds beyond ``tok(prompt)``; it must be
             exactly one token.
+        share_prefix: cloze batches of all options (``options="all"``) encode each question's
+            context once (`schema.Prefix`); off, every option repeats it (the plain layout that
+            a single Hugging Face forward consumes).
     """
 
     def __init__(
@@ -60,6 +72,7 @@ class Collator:
         max_length: int = 512,
         max_options: int = 5,
         letter_prefix: str | None = None,
+        share_prefix: bool = False,
     ) -> None:
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
@@ -80,6 +93,8 @@ class Collator:
         self.max_length = max_length
         self.max_options = max_options
         self.letter_prefix = (" " if prompt_style == "paper" else "") if letter_prefix is None else letter_prefix
+        self.share_prefix = bool(share_prefix)
+        self._encoded: dict[tuple[str, str], tuple[list[int], int]] = {}
         self.pad_id = _pad_id(tokenizer)
         self.eos_id = tokenizer.eos_token_id
         self._lead = _leading_special_ids(tokenizer)
@@ -122,7 +137,14 @@ class Collator:
 
         The continuation tokens are what ``tok(ctx + cont)`` adds beyond ``tok(ctx)``; where
         a merge crosses the boundary the shared prefix decides (lm-eval-harness convention).
+        Memoized: evaluation collates the same questions once per method.
         """
+        key = (context, continuation)
+        if key in self._encoded:
+            full, n_cont = self._encoded[key]
+            return list(full), n_cont
+        if len(self._encoded) >= 200_000:  # bound the memo on endless instruction streams
+            self._encoded.clear()
         ctx = self.encode(context)
         full = self.encode(context + continuation)
         common = 0
@@ -133,7 +155,8 @@ class Collator:
         n_cont = len(full) - common
         if n_cont < 1:
             raise ValueError(f"continuation {continuation!r} adds no tokens after {context[-40:]!r}")
-        return full, n_cont
+        self._encoded[key] = (full, n_cont)
+        return list(full), n_cont
 
     def _letter_ids(self) -> torch.Tensor:
         ref = MCQAExample("ref", "q", tuple("ab"), 0, "ref")
@@ -201,16 +224,55 @@ class Collator:
                 seq_q.append(qi)
                 seq_o.append(j)
                 chars.append(len(conts[j]))
-        return self._assemble(
-            "cloze",
-            seqs,
-            left_pad=False,
+        meta = dict(
             labels=[ex.label for ex in examples],
             n_options=[len(ex.options) for ex in examples],
             seq_question=seq_q,
             seq_option=seq_o,
             cont_chars=chars,
         )
+        if self.share_prefix and options == "all":
+            shared = self._shared_prefix(seqs, seq_q, **meta)
+            if shared is not None:
+                return shared
+        return self._assemble("cloze", seqs, left_pad=False, **meta)
+
+    def _shared_prefix(
+        self, seqs: list[tuple[list[int], int]], seq_q: list[int], **meta: Any
+    ) -> Batch | None:
+        """The shared-prefix layout of cloze rows (module docstring); None where some row
+        would keep no prefix at all (its answer fills the whole input): then the plain layout.
+        """
+        rows = [self._cut(ids, n) for ids, n in seqs]
+        first = [next(t for t, y in enumerate(tgt) if y != IGNORE) for _, tgt, _ in rows]
+        by_q: dict[int, list[int]] = {}
+        for s, q in enumerate(seq_q):
+            by_q.setdefault(q, []).append(s)
+        prefixes: list[list[int]] = []
+        row_group = [0] * len(rows)
+        starts = [0] * len(rows)
+        for members in by_q.values():
+            c = min(first[s] for s in members)
+            inps = [rows[s][0] for s in members]
+            # one prefix per question when no option was cut (then all start with the context)
+            if not any(rows[s][2] for s in members) and all(i[:c] == inps[0][:c] for i in inps):
+                groups = [(members, c)]
+            else:
+                groups = [([s], first[s]) for s in members]
+            for ss, cut in groups:
+                if cut < 1:
+                    return None
+                for s in ss:
+                    row_group[s], starts[s] = len(prefixes), cut
+                prefixes.append(rows[ss[0]][0][:cut])
+        pre_ids, _, pre_mask, pre_pos = self._pad([(p, p) for p in prefixes], left_pad=True)
+        conts = [(inp[c:], tgt[c:]) for (inp, tgt, _), c in zip(rows, starts)]
+        ids, tgt, mask, _ = self._pad(conts, left_pad=False)
+        # continuation positions go on from where the row's own prefix stopped
+        pos = torch.tensor(starts, dtype=torch.long)[:, None] + (mask.cumsum(1) - 1).clamp(min=0)
+        prefix = Prefix(input_ids=pre_ids, attention_mask=pre_mask, position_ids=pre_pos,
+                        row_group=torch.tensor(row_group, dtype=torch.long))
+        return self._batch("cloze", ids, mask, pos, tgt, prefix=prefix, **meta)
 
     def _instruction(self, examples: Sequence[InstructionExample]) -> Batch:
         seqs = []
@@ -232,30 +294,20 @@ class Collator:
             cont_chars=[0] * n,
         )
 
-    def _assemble(
-        self,
-        mode: str,
-        seqs: list[tuple[list[int], int]],
-        *,
-        left_pad: bool,
-        labels: list[int],
-        n_options: list[int],
-        seq_question: list[int],
-        seq_option: list[int],
-        cont_chars: list[int],
-        option_token_ids: torch.Tensor | None = None,
-    ) -> Batch:
-        rows = []
-        for ids, n_ans in seqs:
-            inp, tgt = ids[:-1], ids[1:]
-            tgt = [IGNORE] * (len(tgt) - n_ans) + tgt[len(tgt) - n_ans :]
-            if len(inp) > self.max_length:
-                if n_ans > self.max_length:
-                    raise ValueError(
-                        f"answer of {n_ans} tokens does not fit max_length={self.max_length}"
-                    )
-                inp, tgt = inp[-self.max_length :], tgt[-self.max_length :]
-            rows.append((inp, tgt))
+    def _cut(self, ids: list[int], n_ans: int) -> tuple[list[int], list[int], bool]:
+        """(model input, aligned targets, whether the input was cut to ``max_length``)."""
+        inp, tgt = ids[:-1], ids[1:]
+        tgt = [IGNORE] * (len(tgt) - n_ans) + tgt[len(tgt) - n_ans :]
+        if len(inp) <= self.max_length:
+            return inp, tgt, False
+        if n_ans > self.max_length:
+            raise ValueError(f"answer of {n_ans} tokens does not fit max_length={self.max_length}")
+        return inp[-self.max_length :], tgt[-self.max_length :], True
+
+    def _pad(
+        self, rows: list[tuple[list[int], list[int]]], *, left_pad: bool
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(input_ids, target_ids, attention_mask, position_ids), each (len(rows), longest)."""
         L = max(len(r[0]) for r in rows)
         S = len(rows)
         input_ids = torch.full((S, L), self.pad_id, dtype=torch.long)
@@ -267,6 +319,31 @@ class Collator:
             target_ids[s, sl] = torch.tensor(tgt, dtype=torch.long)
             mask[s, sl] = 1
         position_ids = (mask.cumsum(dim=1) - 1).clamp(min=0)
+        return input_ids, target_ids, mask, position_ids
+
+    def _assemble(
+        self, mode: str, seqs: list[tuple[list[int], int]], *, left_pad: bool, **meta: Any
+    ) -> Batch:
+        rows = [self._cut(ids, n_ans)[:2] for ids, n_ans in seqs]
+        input_ids, target_ids, mask, position_ids = self._pad(rows, left_pad=left_pad)
+        return self._batch(mode, input_ids, mask, position_ids, target_ids, **meta)
+
+    def _batch(
+        self,
+        mode: str,
+        input_ids: torch.Tensor,
+        mask: torch.Tensor,
+        position_ids: torch.Tensor,
+        target_ids: torch.Tensor,
+        *,
+        labels: list[int],
+        n_options: list[int],
+        seq_question: list[int],
+        seq_option: list[int],
+        cont_chars: list[int],
+        option_token_ids: torch.Tensor | None = None,
+        prefix: Prefix | None = None,
+    ) -> Batch:
         return Batch(
             mode=mode,
             input_ids=input_ids,
@@ -280,6 +357,7 @@ class Collator:
             cont_chars=torch.tensor(cont_chars, dtype=torch.long),
             option_token_ids=option_token_ids,
             max_options=self.max_options,
+            prefix=prefix,
         )
 
 
@@ -299,6 +377,47 @@ def _leading_special_ids(tokenizer: Any) -> list[int]:
         if with_sp[k : k + len(without)] == without:
             return with_sp[:k]
     return []
+
+
+def budget_batches(
+    examples: Sequence[MCQAExample | InstructionExample],
+    collator: Collator,
+    max_tokens: int,
+    *,
+    max_examples: int = 0,
+    options: str = "all",
+) -> Iterator[tuple[list[int], Batch]]:
+    """Evaluation batches under a token budget: ``(indices into examples, batch)``.
+
+    Examples are taken longest first (as lm-eval-harness orders its requests, so that the
+    first batch is the largest one and padding stays small) and a batch grows while its padded
+    size — G·P + S·C for a shared-prefix batch of G prefixes of width P and S continuations of
+    width C, S·L in the plain layout — stays within ``max_tokens``; one example always fits.
+    ``max_examples`` > 0 also caps the questions per batch. Each example's size is measured on
+    its own batch (the collator memoizes tokenization, so collating twice costs little).
+    """
+    if max_tokens < 1:
+        raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
+    if len(examples) == 0:
+        return
+    sizes = []
+    for ex in examples:
+        b = collator([ex], options=options)
+        g, p = (b.prefix.input_ids.shape if b.prefix is not None else (0, 0))
+        s, c = b.input_ids.shape
+        sizes.append((int(g), int(p), int(s), int(c)))
+    order = sorted(range(len(examples)), key=lambda i: -(sizes[i][1] + sizes[i][3]))
+    idx: list[int] = []
+    G = P = S = C = 0
+    for i in order:
+        g, p, s, c = sizes[i]
+        cost = (G + g) * max(P, p) + (S + s) * max(C, c)
+        if idx and (cost > max_tokens or (max_examples and len(idx) >= max_examples)):
+            yield idx, collator([examples[j] for j in idx], options=options)
+            idx, G, P, S, C = [], 0, 0, 0, 0
+        idx.append(i)
+        G, P, S, C = G + g, max(P, p), S + s, max(C, c)
+    yield idx, collator([examples[j] for j in idx], options=options)
 
 
 def batch_iterator(

@@ -5,6 +5,13 @@ Letter mode: S = N (one left-padded sequence per question).
 Cloze mode: S = sum of n_options (one right-padded sequence per (question, option)),
 or S = N with ``options="gold"``.
 Instruction mode: S = N (one right-padded sequence per instruction example).
+
+Shared-prefix cloze batches (``Batch.prefix`` set): the K options of a question share its
+context, which is encoded once. ``prefix`` holds G left-padded prefixes (G, P) and the batch's
+own tensors hold only each option's continuation (S, C), right-padded: the model runs the
+prefixes with a KV cache, gathers the cache to the S rows (``prefix.row_group``) and runs the
+continuations against it. Targets are laid out exactly as in the unshared layout, only without
+the prefix columns, so every scoring function works on either layout.
 """
 
 from __future__ import annotations
@@ -49,6 +56,28 @@ class InstructionExample:
 
 
 @dataclass
+class Prefix:
+    """The shared contexts of a shared-prefix batch (see the module docstring).
+
+    ``input_ids``/``attention_mask``/``position_ids`` (G, P): G prefixes, LEFT-padded so every
+    prefix ends in the last column; positions count from 0 at each prefix's first real token.
+    ``row_group`` (S,): the prefix each continuation row extends.
+    """
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    position_ids: torch.Tensor
+    row_group: torch.Tensor
+
+    @property
+    def n_groups(self) -> int:
+        return int(self.input_ids.shape[0])
+
+    def to(self, device: torch.device | str) -> Prefix:
+        return Prefix(*(getattr(self, f.name).to(device) for f in fields(self)))
+
+
+@dataclass
 class Batch:
     """Tensors for one forward pass plus the bookkeeping that maps sequences to questions.
 
@@ -59,6 +88,8 @@ class Batch:
     of each option continuation (cloze per-char normalization; letter: 1, instruction: 0).
     ``option_token_ids`` (K,) is set in letter mode: the vocabulary ids of the option letters.
     ``max_options`` is K, the width of the option-score matrix (the collator's setting).
+    ``prefix`` is set on shared-prefix cloze batches: then ``input_ids``, ``attention_mask``,
+    ``position_ids`` and ``target_ids`` cover only the continuation columns (S, C).
     """
 
     mode: str
@@ -73,6 +104,7 @@ class Batch:
     cont_chars: torch.Tensor
     option_token_ids: torch.Tensor | None = None
     max_options: int | None = None
+    prefix: Prefix | None = None
 
     @property
     def n_questions(self) -> int:
@@ -87,11 +119,19 @@ class Batch:
         moved = {}
         for f in fields(self):
             v = getattr(self, f.name)
-            moved[f.name] = v.to(device) if isinstance(v, torch.Tensor) else v
+            moved[f.name] = v.to(device) if isinstance(v, (torch.Tensor, Prefix)) else v
         return Batch(**moved)
 
+    @property
+    def n_tokens(self) -> int:
+        """Tokens fed to the model, padding included (prefix + continuation columns)."""
+        n = self.input_ids.numel()
+        return n + (self.prefix.input_ids.numel() if self.prefix is not None else 0)
+
     def model_inputs(self) -> dict[str, torch.Tensor]:
-        """The keyword arguments for a Hugging Face causal LM forward."""
+        """The keyword arguments for a Hugging Face causal LM forward (unshared layout)."""
+        if self.prefix is not None:
+            raise ValueError("a shared-prefix batch needs two forwards (model.CausalLM.logits)")
         return {
             "input_ids": self.input_ids,
             "attention_mask": self.attention_mask,

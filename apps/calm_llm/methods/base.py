@@ -7,6 +7,7 @@ two transforms applied to what the model outputs: ``vocab_transform`` on the voc
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
@@ -92,6 +93,10 @@ class Context:
         t = self.cfg.train
         examples = self.train_examples if kind == "train" else self.calib_examples
         collator = self.train_collator if kind == "train" else self.collator
+        if self.cfg.model.gradient_checkpointing and getattr(collator, "share_prefix", False):
+            # checkpointed layers drop the KV cache a shared prefix lives in: train unshared
+            collator = copy.copy(collator)
+            collator.share_prefix = False
         per_rank = t.batch_size if kind == "train" else t.calib_batch_size
         if options is None:
             # cloze training needs only the gold continuation (the CE falls on it alone)
