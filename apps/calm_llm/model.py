@@ -170,7 +170,7 @@ class CausalLM:
         last_only: bool = False,
         keep: int = 0,
     ) -> torch.Tensor:
-        """Vocabulary logits (S, L, V), float32; only the last column (S, 1, V) when
+        """Vocabulary logits (S, L, V), float32 (float64 for a float64 model); only the last column (S, 1, V) when
         ``last_only``, only the last ``keep`` columns (S, keep, V) when ``keep > 0``.
 
         Keeping fewer columns skips the output projection (and the V-wide tensors after it)
@@ -195,7 +195,7 @@ class CausalLM:
         }
         if last_only or keep:
             kwargs["logits_to_keep"] = 1 if last_only else int(keep)
-        return self._call(inner, kwargs).logits.float()
+        return _upcast(self._call(inner, kwargs).logits)
 
     @functools.cached_property
     def _cache_kwarg(self) -> str:
@@ -244,7 +244,7 @@ class CausalLM:
         }
         if keep:
             kwargs["logits_to_keep"] = int(keep)
-        return self._call(inner, kwargs).logits.float()
+        return _upcast(self._call(inner, kwargs).logits)
 
     @contextlib.contextmanager
     def mode(self, train: bool):
@@ -255,6 +255,11 @@ class CausalLM:
             yield
         finally:
             self.model.train(was)
+
+
+def _upcast(logits: torch.Tensor) -> torch.Tensor:
+    """Half-precision logits -> float32 (log-softmax over 50k entries needs it); wider stays."""
+    return logits.float() if logits.dtype in (torch.float16, torch.bfloat16) else logits
 
 
 def load(

@@ -8,7 +8,7 @@ the answer tokens. Letter batches are LEFT-padded so the answer position is the 
 right-padded. Positions are ``cumsum(attention_mask) - 1`` so that padding never shifts them.
 
 With ``share_prefix`` a cloze batch of all options encodes each question's context once
-(`schema.Prefix`): the G prefixes are left-padded, the S option continuations right-padded, and
+(`schema.Prefix`): the G prefixes and the S option continuations are right-padded, and
 `model.CausalLM.logits` runs the continuations against the prefixes' KV cache. The sequences are
 cut exactly as in the unshared layout (the last ``max_length`` input tokens of each option), so
 both layouts score every option on the same tokens: a question none of whose options is cut
@@ -265,7 +265,10 @@ class Collator:
                 for s in ss:
                     row_group[s], starts[s] = len(prefixes), cut
                 prefixes.append(rows[ss[0]][0][:cut])
-        pre_ids, _, pre_mask, pre_pos = self._pad([(p, p) for p in prefixes], left_pad=True)
+        # right-padded like the continuations: a pad position then still sees real tokens, so no
+        # attention row is fully masked (eager attention in float64 turns such rows into NaN,
+        # which a zero attention weight does not cancel: 0 · NaN = NaN)
+        pre_ids, _, pre_mask, pre_pos = self._pad([(p, p) for p in prefixes], left_pad=False)
         conts = [(inp[c:], tgt[c:]) for (inp, tgt, _), c in zip(rows, starts)]
         ids, tgt, mask, _ = self._pad(conts, left_pad=False)
         # continuation positions go on from where the row's own prefix stopped

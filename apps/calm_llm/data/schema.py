@@ -7,7 +7,7 @@ or S = N with ``options="gold"``.
 Instruction mode: S = N (one right-padded sequence per instruction example).
 
 Shared-prefix cloze batches (``Batch.prefix`` set): the K options of a question share its
-context, which is encoded once. ``prefix`` holds G left-padded prefixes (G, P) and the batch's
+context, which is encoded once. ``prefix`` holds G right-padded prefixes (G, P) and the batch's
 own tensors hold only each option's continuation (S, C), right-padded: the model runs the
 prefixes with a KV cache, gathers the cache to the S rows (``prefix.row_group``) and runs the
 continuations against it. Targets are laid out exactly as in the unshared layout, only without
@@ -59,8 +59,8 @@ class InstructionExample:
 class Prefix:
     """The shared contexts of a shared-prefix batch (see the module docstring).
 
-    ``input_ids``/``attention_mask``/``position_ids`` (G, P): G prefixes, LEFT-padded so every
-    prefix ends in the last column; positions count from 0 at each prefix's first real token.
+    ``input_ids``/``attention_mask``/``position_ids`` (G, P): G prefixes, right-padded;
+    positions count from 0 at each prefix's first token (continuations go on from its length).
     ``row_group`` (S,): the prefix each continuation row extends.
     """
 

@@ -1,0 +1,321 @@
+"""Cloze scoring against lm-evaluation-harness and against its own compute floor.
+
+    python -m bench.scoring [--quick] [--model smollm2|tiny] [--sets sciq arc_easy ...]
+
+Scores the same multiple-choice questions (the embedded default run's SciQ test and
+ARC-Easy OOD questions, plus other sets on request) with the same model and prompt
+("Question: {q}\\nAnswer:" + " {option}"), side by side in one process, round-robin:
+
+- ``before``: the layout this project used until the shared-prefix change (every option
+  repeats its question; 16 questions per batch in data order);
+- ``shared@B``: `apps.calm_llm.train.predict_option_logits` as the runner calls it — each
+  question's context encoded once, options scored against its KV cache, batches of at most B
+  padded tokens, longest first;
+- ``lm_eval``: lm-evaluation-harness's ``HFLM.loglikelihood`` on the same (context,
+  continuation) pairs (the request a local-file multiple-choice task with this prompt
+  produces), at its batch sizes ``--lm-eval-batch``; the fastest is the reference.
+
+Correctness, before any timing: per-option log-likelihoods of every candidate against
+``before`` (max |Δ|, accuracy), on each set and on a set cut by a short ``max_length``
+(questions longer than the model input, where each option is cut at its own place).
+
+The floor: question tokens once plus option tokens, forward only, at the model's dense
+throughput (tokens per second of one unpadded 8 × 128-token forward, measured here), i.e.
+the time the shared-prefix work would take with no padding and no per-call overhead.
+
+``--dtype bf16`` adds the shared path in bfloat16 (score drift against fp32 and its speed).
+Writes bench/results/scoring[_quick].json and .md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from . import harness
+
+SETS = ("sciq", "arc_easy", "mmlu", "commonsense_qa")
+
+
+def make_context(model: str, *, dtype: str = "fp32", n: int = 120, seed: int = 0,
+                 max_length: int | None = None) -> Any:
+    """The runner's context for the embedded default (cloze), on ``model``."""
+    from apps.calm_llm import model as model_lib
+    from apps.calm_llm.config import from_dict, load_file, resolve_config_file, validate
+    from apps.calm_llm.data import Collator
+    from apps.calm_llm.methods.base import Context
+
+    cfg = from_dict(load_file(resolve_config_file("default" if model == "smollm2" else "tiny")))
+    model_over: dict[str, Any] = {"dtype": dtype}
+    if max_length:
+        model_over["max_length"] = max_length
+    cfg = from_dict({"seed": seed, "device": "cpu", "model": model_over,
+                     "data": {"n_test": n, "n_ood": n}}, cfg)
+    validate(cfg)
+    lm = model_lib.load(cfg.model, device=torch.device("cpu"), seed=seed)
+    d = cfg.data
+    collator = Collator(lm.tokenizer, mode="cloze", prompt_style=d.prompt_style,
+                        max_length=cfg.model.max_length, max_options=d.max_options,
+                        share_prefix=True)
+    return Context(cfg=cfg, lm=lm, collator=collator, train_examples=[], calib_examples=[],
+                   train_collator=collator, option_token_ids=None)
+
+
+def question_sets(ctx: Any, names: list[str], n: int) -> dict[str, list]:
+    """The default run's SciQ test / ARC-Easy OOD questions; the first n of a seeded shuffle
+    of any other set."""
+    from apps.calm_llm.data import load_source
+    from apps.calm_llm.train import load_data
+
+    splits = load_data(ctx.cfg)
+    have = {**splits.test, **splits.ood}
+    out = {}
+    for name in names:
+        if name in have:
+            out[name] = list(have[name])[:n]
+        else:
+            rows = load_source(name, seed=ctx.cfg.seed)
+            g = torch.Generator().manual_seed(ctx.cfg.seed)
+            out[name] = [rows[i] for i in torch.randperm(len(rows), generator=g)[:n].tolist()]
+    return out
+
+
+def predict_before(ctx: Any, examples: list, batch_size: int = 16) -> torch.Tensor:
+    """The unshared layout, batched by question count in data order (the old runner)."""
+    import copy
+
+    from apps.calm_llm.data import batch_iterator
+
+    collator = copy.copy(ctx.collator)
+    collator.share_prefix = False
+    outs = []
+    with torch.no_grad():
+        for batch in batch_iterator(examples, collator, batch_size, shuffle=False, seed=0):
+            logits, batch = ctx.forward(None, batch)
+            outs.append(ctx.option_logits(logits, batch).float())
+    return torch.cat(outs)
+
+
+def predict_shared(ctx: Any, examples: list, budget: int) -> torch.Tensor:
+    from apps.calm_llm.methods import get
+    from apps.calm_llm.train import predict_option_logits
+
+    cfg = dataclasses.replace(ctx.cfg, train=dataclasses.replace(ctx.cfg.train, eval_tokens=budget))
+    c = dataclasses.replace(ctx, cfg=cfg)
+    return predict_option_logits(c, get("none")(c), examples)[0]
+
+
+class LmEval:
+    """lm-evaluation-harness's HF model on the same weights; None when lm-eval is missing."""
+
+    def __init__(self, ctx: Any, batch_size: int) -> None:
+        from lm_eval.models.huggingface import HFLM
+
+        # the very model object the project scores with (LoRA at its zero-initialized B, so
+        # the same function as the base), so both sides compute on identical weights
+        base = ctx.lm.model.get_base_model()
+        self.lm = HFLM(pretrained=base, tokenizer=ctx.lm.tokenizer, batch_size=batch_size,
+                       max_length=ctx.cfg.model.max_length, device="cpu")
+        self.collator = ctx.collator
+
+    def predict(self, examples: list, K: int) -> torch.Tensor:
+        from lm_eval.api.instance import Instance
+
+        reqs, where = [], []
+        for n, ex in enumerate(examples):
+            context, conts = self.collator.cloze_texts(ex)
+            for j, cont in enumerate(conts):
+                reqs.append(Instance(request_type="loglikelihood", doc={}, arguments=(context, cont),
+                                     idx=j))
+                where.append((n, j))
+        lls = self.lm.loglikelihood(reqs, disable_tqdm=True)
+        out = torch.full((len(examples), K), float("-inf"))
+        for (n, j), (ll, _) in zip(where, lls):
+            out[n, j] = ll
+        return out
+
+
+def token_counts(ctx: Any, examples: list) -> dict[str, int]:
+    """Tokens per set: the floor (question once + options), the unshared layout unpadded."""
+    import copy
+
+    col = copy.copy(ctx.collator)
+    col.share_prefix = False
+    floor = unshared = 0
+    for ex in examples:
+        b = ctx.collator([ex])
+        floor += int(b.attention_mask.sum())
+        floor += int(b.prefix.attention_mask.sum()) if b.prefix is not None else 0
+        unshared += int(col([ex]).attention_mask.sum())
+    return {"floor_tokens": floor, "unshared_tokens": unshared}
+
+
+def dense_throughput(ctx: Any, repeats: int = 3) -> float:
+    """Tokens/s of one unpadded 8 × 128 forward of real ids (the hardware's best case here)."""
+    ids = torch.randint(100, 1000, (8, 128))
+    mask = torch.ones_like(ids)
+    batch = type("B", (), {"input_ids": ids, "attention_mask": mask, "prefix": None,
+                           "position_ids": mask.cumsum(1) - 1})()
+    with torch.no_grad():
+        ctx.lm.logits(None, batch, keep=1)
+        times = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            ctx.lm.logits(None, batch, keep=1)
+            times.append(time.perf_counter() - t0)
+    return ids.numel() / harness.median(times)
+
+
+def _fits(collator: Any, ex: Any) -> bool:
+    """Whether every option's answer fits the collator's max_length (else it is an error)."""
+    try:
+        collator([ex])
+    except ValueError:
+        return False
+    return True
+
+
+def _max_abs(a: torch.Tensor, b: torch.Tensor) -> float:
+    fin = torch.isfinite(a) & torch.isfinite(b)
+    if not bool((torch.isfinite(a) == torch.isfinite(b)).all()):
+        return math.inf
+    return float((a[fin] - b[fin]).abs().max()) if bool(fin.any()) else 0.0
+
+
+def _accuracy(ol: torch.Tensor, examples: list) -> float:
+    y = torch.tensor([ex.label for ex in examples])
+    return float((ol.argmax(-1) == y).float().mean())
+
+
+def _ece(ol: torch.Tensor, examples: list) -> float:
+    from calibration import metrics
+
+    y = torch.tensor([ex.label for ex in examples])
+    return float(metrics.conf_ece(torch.softmax(ol.double(), -1), y))
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="tiny model, 8 questions, 1 round")
+    ap.add_argument("--model", default=None, choices=("smollm2", "tiny"))
+    ap.add_argument("--sets", nargs="+", default=["sciq", "arc_easy"], help="sets timed")
+    ap.add_argument("--check-sets", nargs="*", default=["mmlu", "commonsense_qa"],
+                    help="more sets checked for agreement only")
+    ap.add_argument("--n", type=int, default=None, help="questions per set")
+    ap.add_argument("--rounds", type=int, default=None)
+    ap.add_argument("--budgets", type=int, nargs="+", default=[4096])
+    ap.add_argument("--lm-eval-batch", type=int, nargs="+", default=[32])
+    ap.add_argument("--no-lm-eval", action="store_true")
+    ap.add_argument("--no-before", action="store_true", help="skip timing the old layout")
+    ap.add_argument("--dtype", nargs="+", default=["fp32"], choices=("fp32", "bf16"))
+    ap.add_argument("--cut-length", type=int, default=128,
+                    help="max_length of the extra correctness check on cut questions")
+    ap.add_argument("--out", type=Path, default=None)
+    args = ap.parse_args(argv)
+    model = args.model or ("tiny" if args.quick else "smollm2")
+    n = args.n or (8 if args.quick else 120)
+    rounds = args.rounds or (1 if args.quick else 2)
+    out = args.out or harness.RESULTS / ("scoring_quick" if args.quick else "scoring")
+
+    ctx = make_context(model, n=n)
+    sets = question_sets(ctx, list(args.sets), n)
+    checks = {**sets, **question_sets(ctx, [s for s in args.check_sets if s not in sets], n)}
+    K = ctx.cfg.data.max_options
+    meta = {"env": harness.environment(torch.device("cpu")), "model": model, "n": n,
+            "rounds": rounds, "max_length": ctx.cfg.model.max_length}
+    rec = harness.Recorder(out.with_suffix(".json"), meta)
+    lmevals: dict[str, LmEval] = {}
+    if not args.no_lm_eval:
+        try:
+            lmevals = {f"lm_eval@{b}": LmEval(ctx, b) for b in args.lm_eval_batch}
+        except ImportError as e:
+            meta["lm_eval"] = f"skipped: {e}"
+    other = {dt: make_context(model, dtype=dt, n=n) for dt in args.dtype if dt != "fp32"}
+    tok_s = dense_throughput(ctx)
+    meta["dense_tokens_per_s"] = tok_s
+
+    # -- correctness, before timing: every candidate against the old layout ------------------
+    cut_ctx = make_context(model, n=n, max_length=args.cut_length)
+    # the set with the longest questions, so that the short max_length cuts many of them
+    cut_set = max(checks, key=lambda k: sum(len(ex.question) for ex in checks[k]) / len(checks[k]))
+    cut_name = f"{cut_set}@max_length={args.cut_length}"
+    cut_examples = [ex for ex in checks[cut_set] if _fits(cut_ctx.collator, ex)]
+    for name, examples in [*checks.items(), (cut_name, cut_examples)]:
+        c = cut_ctx if name == cut_name else ctx
+        ref = predict_before(c, examples)
+        got = {f"shared@{b}": predict_shared(c, examples, b) for b in args.budgets}
+        if c is ctx:
+            got.update({k: v.predict(examples, K) for k, v in lmevals.items()})
+            for dt, oc in other.items():
+                got[f"shared@{args.budgets[0]} {dt}"] = predict_shared(oc, examples, args.budgets[0])
+        n_cut = sum(int(c.collator([ex]).prefix.n_groups > 1) for ex in examples)
+        for cand, ol in got.items():
+            rec.add({"kind": "agreement", "set": name, "candidate": cand, "n": len(examples),
+                     "n_cut": n_cut,
+                     "max_abs_dll": _max_abs(ol, ref), "accuracy": _accuracy(ol, examples),
+                     "accuracy_before": _accuracy(ref, examples), "conf_ece": _ece(ol, examples),
+                     "conf_ece_before": _ece(ref, examples)})
+
+    # -- timing, round-robin per set ---------------------------------------------------------
+    for name, examples in sets.items():
+        runs = {f"shared@{b}": (lambda b=b: predict_shared(ctx, examples, b)) for b in args.budgets}
+        if not args.no_before:
+            runs["before"] = lambda: predict_before(ctx, examples)
+        runs.update({k: (lambda v=v: v.predict(examples, K)) for k, v in lmevals.items()})
+        for dt, oc in other.items():
+            runs[f"shared@{args.budgets[0]} {dt}"] = lambda oc=oc: predict_shared(oc, examples, args.budgets[0])
+        times = harness.time_alternating(runs, device=torch.device("cpu"), warmup=0,
+                                         repeats=rounds, min_repeats=rounds)
+        counts = token_counts(ctx, examples)
+        floor_s = counts["floor_tokens"] / tok_s
+        lm_best = min((harness.median(times[k]) for k in lmevals), default=None)
+        for cand, ts in times.items():
+            s = harness.median(ts)
+            rec.add({"kind": "timing", "set": name, "candidate": cand, "n": len(examples),
+                     "seconds_median": s, "seconds": ts, "s_per_question": s / len(examples),
+                     "floor_tokens_per_s": counts["floor_tokens"] / s, **counts,
+                     "floor_seconds": floor_s, "x_floor": s / floor_s,
+                     "speedup_vs_lm_eval": (lm_best / s) if lm_best else None})
+    write_markdown(out.with_suffix(".md"), meta, rec.records)
+    return {"meta": meta, "records": rec.records}
+
+
+def write_markdown(path: Path, meta: dict[str, Any], records: list[dict[str, Any]]) -> None:
+    f = harness.fmt
+    agree = [r for r in records if r["kind"] == "agreement"]
+    timing = [r for r in records if r["kind"] == "timing"]
+    lines = [
+        "# Cloze scoring: shared prefix vs the old layout vs lm-evaluation-harness", "",
+        f"Model {meta['model']}, {meta['n']} questions per set, {meta['rounds']} round(s) "
+        f"round-robin, max_length {meta['max_length']}, {meta['env']['threads']} threads, "
+        f"{meta['env']['date']}. Dense throughput (8 × 128 unpadded forward): "
+        f"{meta['dense_tokens_per_s']:.0f} tokens/s.", "",
+        "## Agreement with the old layout (per-option log-likelihood)", "",
+        harness.markdown_table(
+            ["set", "candidate", "questions cut", "max abs Δ log-lik", "accuracy (before)",
+             "conf-ECE (before)"],
+            [[r["set"], r["candidate"], str(r["n_cut"]), f(r["max_abs_dll"], "err"),
+              f"{r['accuracy']:.4f} ({r['accuracy_before']:.4f})",
+              f"{r['conf_ece']:.4f} ({r['conf_ece_before']:.4f})"] for r in agree]),
+        "", "## Time", "",
+        harness.markdown_table(
+            ["set", "candidate", "seconds", "s/question", "floor tokens/s", "× floor",
+             "speed-up vs lm-eval"],
+            [[r["set"], r["candidate"], f"{r['seconds_median']:.2f}", f"{r['s_per_question']:.3f}",
+              f"{r['floor_tokens_per_s']:.0f}", f(r["x_floor"], "x"),
+              f(r["speedup_vs_lm_eval"], "x") if r["speedup_vs_lm_eval"] else "–"] for r in timing]),
+        "",
+        "Floor: question tokens once + option tokens (`floor_tokens` in the JSON), forward only, "
+        "at the dense throughput above.",
+    ]
+    path.write_text("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,199 @@
+"""Shared-prefix cloze scoring equals the unshared layout: scores, gradients, batching, edges.
+
+The oracle is the plain layout (every option repeats its question; itself checked against
+per-sequence unpadded forwards in test_scoring.py), in float64 on the tiny model, with LoRA
+moved off its zero initialization and with α applied.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+
+import pytest
+import torch
+
+from apps.calm_llm import config as C
+from apps.calm_llm import methods, scoring
+from apps.calm_llm.data import Collator, MCQAExample, budget_batches
+from apps.calm_llm.methods.base import Context
+from apps.calm_llm.model import load
+from apps.calm_llm.train import predict_option_logits
+
+WORDS = ["red", "blue", "green", "cold", "warm", "tall", "short", "fast", "slow", "soft"]
+# questions of very different lengths, 2-5 options, one option much longer than the others
+EXAMPLES = [
+    MCQAExample(f"s{i}", f"Question {i}: " + "which word fits the clue? " * (1 + i % 4),
+                tuple(WORDS[(i + j) % 10] + (" and a much longer tail" if j == 1 else "")
+                      for j in range(2 + i % 4)), i % 2, "synthetic")
+    for i in range(12)
+]
+
+
+def _ctx(*extra: str, max_length: int = 96, share: bool = True) -> Context:
+    cfg = C.parse_args(["--config", "tiny", "--mode", "cloze", "--steps", "2", *extra])
+    lm = load(cfg.model, device=torch.device("cpu"), seed=0)
+    lm.model.double()
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():  # LoRA B = 0 at init would make the adapters invisible
+        for n, p in lm.inner().items():
+            if "lora_B" in n:
+                p.copy_(0.3 * torch.randn(p.shape, generator=g, dtype=p.dtype))
+    col = Collator(lm.tokenizer, mode="cloze", max_length=max_length, max_options=5,
+                   share_prefix=share)
+    return Context(cfg=cfg, lm=lm, collator=col, train_examples=EXAMPLES[:8],
+                   calib_examples=EXAMPLES[8:], train_collator=col, option_token_ids=None)
+
+
+def _plain(col: Collator) -> Collator:
+    c = copy.copy(col)
+    c.share_prefix = False
+    return c
+
+
+@pytest.fixture(scope="module")
+def ctx():
+    return _ctx()
+
+
+def test_layout_shares_one_prefix_per_question(ctx):
+    b = ctx.collator(EXAMPLES[:3])
+    assert b.prefix is not None and b.prefix.n_groups == 3
+    assert b.prefix.row_group.tolist() == [0, 0, 1, 1, 1, 2, 2, 2, 2]
+    plain = _plain(ctx.collator)(EXAMPLES[:3])
+    assert b.n_tokens < plain.n_tokens
+    # gold-only (training CE) batches have one row per question: nothing to share
+    assert ctx.collator(EXAMPLES[:3], options="gold").prefix is None
+
+
+@pytest.mark.parametrize("max_length", [96, 12])
+@pytest.mark.parametrize("norm", ["sum", "mean", "char"])
+def test_option_scores_equal_the_plain_layout(max_length, norm):
+    c = _ctx(max_length=max_length)
+    shared = c.collator(EXAMPLES)
+    if max_length == 12:  # options cut at their own place: one prefix per option there
+        assert shared.prefix.n_groups > len(EXAMPLES)
+    plain = _plain(c.collator)(EXAMPLES)
+    with torch.no_grad():
+        got = scoring.option_logits(c.lm.logits(None, shared), shared, cloze_norm=norm)
+        want = scoring.option_logits(c.lm.logits(None, plain), plain, cloze_norm=norm)
+    assert got.dtype == torch.float64
+    torch.testing.assert_close(got, want, atol=1e-10, rtol=1e-10)
+
+
+def test_prediction_with_alpha_in_original_order_under_any_budget(ctx):
+    calm = methods.get("calm")(ctx)
+    with torch.no_grad():
+        for t in calm.alpha.params.values():
+            t.add_(0.1 * torch.randn_like(t))
+    plain_ctx = dataclasses.replace(ctx, collator=_plain(ctx.collator))
+    want, y = predict_option_logits(plain_ctx, calm, EXAMPLES)
+    for budget in (1, 64, 10_000):
+        cfg = dataclasses.replace(ctx.cfg, train=dataclasses.replace(ctx.cfg.train, eval_tokens=budget))
+        got, y2 = predict_option_logits(dataclasses.replace(ctx, cfg=cfg), calm, EXAMPLES)
+        assert torch.equal(y2, y) and y.tolist() == [ex.label for ex in EXAMPLES]
+        torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-6)  # predictions are float32
+
+
+def _upper_and_grads(c: Context, calm, batch):
+    inner = {n: p.detach().clone().requires_grad_(True) for n, p in c.lm.inner().items()}
+    outer = {n: a.detach().clone().requires_grad_(True) for n, a in calm.alpha.params.items()}
+    f = calm.obj.upper(outer, inner, batch)
+    grads = torch.autograd.grad(f, [*inner.values(), *outer.values()])
+    return f, grads
+
+
+@pytest.mark.parametrize("objective", ["options", "answer_tokens"])
+def test_training_forward_gradients_equal_the_plain_layout(objective):
+    c = _ctx("--upper-objective", objective, max_length=20)  # some options cut
+    calm = methods.get("calm")(c)
+    with torch.no_grad():
+        for t in calm.alpha.params.values():
+            t.add_(0.1 * torch.randn_like(t))
+    with c.lm.mode(True):
+        f1, g1 = _upper_and_grads(c, calm, c.collator(EXAMPLES[:6]))
+        f2, g2 = _upper_and_grads(c, calm, _plain(c.collator)(EXAMPLES[:6]))
+    torch.testing.assert_close(f1, f2, atol=1e-10, rtol=1e-10)
+    assert any(float(g.abs().max()) > 0 for g in g1)
+    for a, b in zip(g1, g2):
+        torch.testing.assert_close(a, b, atol=1e-9, rtol=1e-7)
+
+
+@pytest.mark.parametrize("solver", ["itd", "aid"])
+def test_second_order_solvers_differentiate_through_the_cache(solver):
+    """ITD/AID take gradients of gradients through the prefix cache (eager attention)."""
+    outs = []
+    for share in (True, False):
+        cfg = C.parse_args(["--config", "tiny", "--mode", "cloze", "--solver", solver,
+                            "--inner-steps", "1"])
+        lm = load(cfg.model, device=torch.device("cpu"), seed=0, eager=True)
+        lm.model.double()
+        col = Collator(lm.tokenizer, mode="cloze", max_length=96, share_prefix=share)
+        c = Context(cfg=cfg, lm=lm, collator=col, train_examples=EXAMPLES[:8],
+                    calib_examples=EXAMPLES[8:], train_collator=col, option_token_ids=None)
+        calm = methods.get("calm")(c)
+        inner = {n: p.detach() for n, p in lm.inner().items()}
+        outer = {n: a.detach() for n, a in calm.alpha.params.items()}
+        res = calm.solver.step(calm.problem, outer, inner, upper_batch=col(EXAMPLES[8:]),
+                               lower_batch=col(EXAMPLES[:4], options="gold"))
+        outs.append(res)
+    for name in outs[0].outer_grad:
+        torch.testing.assert_close(outs[0].outer_grad[name], outs[1].outer_grad[name],
+                                   atol=1e-9, rtol=1e-6)
+
+
+def test_rcft_step_equal_under_both_layouts():
+    losses, states = [], []
+    for share in (True, False):
+        c = _ctx(share=share)
+        m = methods.get("rcft")(c)
+        m.predict = lambda ex, _c=c, _m=m: predict_option_logits(_c, _m, ex)
+        losses.append(m.step(0)["loss"])
+        states.append(c.lm.inner_state())
+    assert losses[0] == pytest.approx(losses[1], rel=1e-9)
+    for n in states[0]:
+        torch.testing.assert_close(states[0][n], states[1][n], atol=1e-9, rtol=1e-7)
+
+
+def test_budget_batches_cover_every_example_once_longest_first(ctx):
+    col = ctx.collator
+    for budget in (1, 50, 200, 10_000):
+        seen, prev_len = [], None
+        for idx, b in budget_batches(EXAMPLES, col, budget):
+            seen += idx
+            size = b.n_tokens
+            assert len(idx) == 1 or size <= budget
+            first = len(col.cloze_texts(EXAMPLES[idx[0]])[0])
+            assert prev_len is None or first <= prev_len + 40  # roughly longest first
+            prev_len = first
+        assert sorted(seen) == list(range(len(EXAMPLES)))
+    caps = [len(i) for i, _ in budget_batches(EXAMPLES, col, 10_000, max_examples=5)]
+    assert caps == [5, 5, 2]
+    with pytest.raises(ValueError, match="max_tokens"):
+        next(budget_batches(EXAMPLES, col, 0))
+
+
+def test_gradient_checkpointing_trains_unshared():
+    c = _ctx("--gradient-checkpointing")
+    c.lm.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    batch = c.collator(EXAMPLES[:3])
+    with c.lm.mode(True), pytest.raises(ValueError, match="gradient checkpointing"):
+        c.lm.logits(c.lm.inner(), batch)
+    assert c.stream("calib").next().prefix is None  # the runner's streams fall back
+    with torch.no_grad():  # evaluation keeps the cache (nothing is checkpointed without grad)
+        c.lm.logits(None, batch)
+
+
+def test_bf16_scores_close_to_fp32():
+    cfg = C.parse_args(["--config", "tiny", "--mode", "cloze", "--dtype", "bf16"])
+    lm16 = load(cfg.model, device=torch.device("cpu"), seed=0)
+    lm32 = load(dataclasses.replace(cfg.model, dtype="fp32"), device=torch.device("cpu"), seed=0)
+    col = Collator(lm16.tokenizer, mode="cloze", max_length=96, share_prefix=True)
+    b = col(EXAMPLES)
+    with torch.no_grad():
+        s16 = scoring.option_logits(lm16.logits(None, b), b)
+        s32 = scoring.option_logits(lm32.logits(None, b), b)
+    assert s16.dtype == torch.float32  # logits are upcast before the log-softmax
+    fin = torch.isfinite(s32)
+    assert torch.equal(fin, torch.isfinite(s16))
+    assert float((s16[fin] - s32[fin]).abs().max()) < 0.5
