@@ -264,12 +264,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     # -- timing, round-robin per set ---------------------------------------------------------
     for name, examples in sets.items():
-        runs = {f"shared@{b}": (lambda b=b: predict_shared(ctx, examples, b)) for b in args.budgets}
+        ex = examples
+        b0 = args.budgets[0]
+        runs = {f"shared@{b}": (lambda b=b, ex=ex: predict_shared(ctx, ex, b)) for b in args.budgets}
         if not args.no_before:
-            runs["before"] = lambda: predict_before(ctx, examples)
-        runs.update({k: (lambda v=v: v.predict(examples, K)) for k, v in lmevals.items()})
+            runs["before"] = lambda ex=ex: predict_before(ctx, ex)
+        runs.update({k: (lambda v=v, ex=ex: v.predict(ex, K)) for k, v in lmevals.items()})
         for dt, oc in other.items():
-            runs[f"shared@{args.budgets[0]} {dt}"] = lambda oc=oc: predict_shared(oc, examples, args.budgets[0])
+            runs[f"shared@{b0} {dt}"] = lambda oc=oc, ex=ex, b0=b0: predict_shared(oc, ex, b0)
         times = harness.time_alternating(runs, device=torch.device("cpu"), warmup=0,
                                          repeats=rounds, min_repeats=rounds)
         counts = token_counts(ctx, examples)
