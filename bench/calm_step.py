@@ -40,8 +40,12 @@ MODELS = {"tiny": "tiny", "smollm2": "default"}  # model -> config preset it sta
 FAMILY = {"sft": "sft", "bome": "first_order", "itd": "unrolled", "aid": "implicit_cg"}
 
 
-def make_context(model: str, *, batch: int, seed: int = 0, eager: bool = False) -> Any:
-    """The app's run context for ``model`` (letter mode, equal batch sizes), as in ``run``."""
+def make_context(model: str, *, batch: int, seed: int = 0, eager: bool = False,
+                 mode: str = "letter") -> Any:
+    """The app's run context for ``model`` (equal batch sizes), as in ``run``.
+
+    ``mode="cloze"``: the lower batch holds each question's gold continuation, the upper
+    (calibration) batch all its options, with the runner's shared prefix."""
     from apps.calm_llm import model as model_lib
     from apps.calm_llm.config import from_dict, load_file, resolve_config_file, validate
     from apps.calm_llm.data import Collator
@@ -54,7 +58,7 @@ def make_context(model: str, *, batch: int, seed: int = 0, eager: bool = False) 
         "seed": seed,
         "device": "cpu",
         "data": {
-            "mode": "letter",
+            "mode": mode,
             "in_domain": ["sciq"],
             "out_of_domain": ["arc_easy"],
             "n_train": 4 * batch,
@@ -78,6 +82,7 @@ def make_context(model: str, *, batch: int, seed: int = 0, eager: bool = False) 
         prompt_style=d.prompt_style,
         max_length=cfg.model.max_length,
         max_options=d.max_options,
+        share_prefix=d.share_prefix,
     )
     return Context(
         cfg=cfg,
@@ -90,9 +95,17 @@ def make_context(model: str, *, batch: int, seed: int = 0, eager: bool = False) 
     )
 
 
-def make_method(ctx: Any, solver: str, T: int) -> Any:
-    """``sft``, or ``calm`` with ``solver`` and T inner steps (its own config copy)."""
+def make_method(ctx: Any, solver: str, T: int, share: bool = True) -> Any:
+    """``sft``, or ``calm`` with ``solver`` and T inner steps (its own config copy);
+    ``share=False`` collates its batches without the shared prefix."""
+    import copy
+
     from apps.calm_llm.methods import get
+
+    if not share:
+        col = copy.copy(ctx.collator)
+        col.share_prefix = False
+        ctx = dataclasses.replace(ctx, collator=col, train_collator=col)
 
     if solver == "sft":
         return get("sft")(ctx)
@@ -100,6 +113,10 @@ def make_method(ctx: Any, solver: str, T: int) -> Any:
         ctx.cfg, calm=dataclasses.replace(ctx.cfg.calm, solver=solver, inner_steps=T)
     )
     return get("calm")(dataclasses.replace(ctx, cfg=cfg))
+
+
+def _name(solver: str, T: int, share: bool) -> str:
+    return f"{solver}-T{T}" + ("" if share else "-unshared")
 
 
 def state_mb(ctx: Any, method: Any) -> float:
@@ -128,7 +145,7 @@ def state_mb(ctx: Any, method: Any) -> float:
 
 def measure_group(
     ctx: Any,
-    variants: list[tuple[str, int]],
+    variants: list[tuple[str, int, bool]],
     *,
     model: str,
     attention: str,
@@ -136,8 +153,8 @@ def measure_group(
     budget_s: float,
     memory: bool = True,
 ) -> list[dict[str, Any]]:
-    """Alternate the steps of ``variants`` ([(solver, T)], first = ("sft", 0)) on one model."""
-    methods = {f"{s}-T{T}": make_method(ctx, s, T) for s, T in variants}
+    """Alternate the steps of ``variants`` ([(solver, T, share)], first = ("sft", 0, True))."""
+    methods = {_name(s, T, sh): make_method(ctx, s, T, sh) for s, T, sh in variants}
     counters = dict.fromkeys(methods, 0)
 
     def stepper(name: str) -> Any:
@@ -161,7 +178,7 @@ def measure_group(
         )
     sft = "sft-T0"
     t_sft = harness.median(times[sft])
-    for (solver, T), name in zip(variants, methods):
+    for (solver, T, share), name in zip(variants, methods):
         t = harness.median(times[name])
         total, total_sft = state[name] + (peak[name] or 0.0), state[sft] + (peak[sft] or 0.0)
         rec = {
@@ -173,6 +190,8 @@ def measure_group(
             "model": model,
             "attention": attention,
             "T": T,
+            "mode": ctx.cfg.data.mode,
+            "shared_prefix": bool(share and ctx.cfg.data.mode == "cloze"),
             "seconds_median": t,
             "seconds_min": min(times[name]),
             "seconds_all": times[name],
@@ -184,7 +203,7 @@ def measure_group(
             "mem_ratio_vs_sft": total / total_sft,
             "step_mem_ratio_vs_sft": peak[name] / peak[sft] if memory and peak[sft] else None,
             "floor_ratio": T + 1.35 if solver != "sft" else 1.0,
-            "target_ratio": T + 1.6 if solver == "bome" else None,
+            "target_ratio": T + 1.6 if solver == "bome" and ctx.cfg.data.mode == "letter" else None,
         }
         out.append(rec)
         print(
@@ -200,7 +219,7 @@ def render(records: list[dict[str, Any]], meta: dict[str, Any]) -> str:
     rows = []
     for r in records:
         target = ""
-        if r["solver"] == "bome":
+        if r["solver"] == "bome" and r.get("target_ratio"):
             ok_t = r["time_ratio_vs_sft"] <= r["target_ratio"]
             ok_m = r["mem_ratio_vs_sft"] <= 1.25 or r["step_mem_ratio_vs_sft"] is None
             target = (
@@ -211,6 +230,7 @@ def render(records: list[dict[str, Any]], meta: dict[str, Any]) -> str:
         rows.append(
             [
                 r["model"],
+                r.get("mode", "letter") + (" shared" if r.get("shared_prefix") else ""),
                 r["attention"],
                 r["solver"],
                 str(r["T"]),
@@ -227,6 +247,7 @@ def render(records: list[dict[str, Any]], meta: dict[str, Any]) -> str:
         )
     header = [
         "model",
+        "mode",
         "attention",
         "step",
         "T",
@@ -242,8 +263,11 @@ def render(records: list[dict[str, Any]], meta: dict[str, Any]) -> str:
     ]
     return (
         f"# CALM step vs SFT step ({meta['mode']})\n\nEnvironment: {meta['env']}. "
-        f"Batch {meta['batch']} questions (letter mode) for both levels; LoRA "
-        "from the preset; α affine over the vocabulary.\n\n"
+        f"Batch {meta['batch']} questions for both levels ({meta.get('data_mode', 'letter')} "
+        "mode; cloze: the lower batch holds the gold continuations, the upper batch every "
+        "option, with or without the shared prefix; the T + 1.6 target is for letter mode, "
+        "where both batches hold one sequence per question); LoRA from the preset; α affine "
+        "over the vocabulary.\n\n"
         + harness.markdown_table(header, rows)
         + "\n"
     )
@@ -257,6 +281,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--T", nargs="+", type=int, default=[1, 3])
     ap.add_argument("--solvers", nargs="+", default=["bome", "itd", "aid"])
     ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--data-mode", default="letter", choices=("letter", "cloze"),
+                    help="cloze also times CALM with an unshared upper batch")
     ap.add_argument("--rounds", type=int, default=None, help="most timing rounds")
     ap.add_argument("--budget", type=float, default=None, help="seconds of timing per group")
     ap.add_argument("--threads", type=int, default=1)
@@ -274,6 +300,7 @@ def main(argv: list[str] | None = None) -> int:
         "mode": "quick" if args.quick else "full",
         "env": harness.environment(torch.device("cpu")),
         "batch": args.batch,
+        "data_mode": args.data_mode,
     }
     rec = harness.Recorder(stem.with_suffix(".json"), meta)
     for model in models:
@@ -283,9 +310,10 @@ def main(argv: list[str] | None = None) -> int:
             if not solvers:
                 continue
             t0 = time.time()
-            ctx = make_context(model, batch=args.batch, eager=eager)
+            ctx = make_context(model, batch=args.batch, eager=eager, mode=args.data_mode)
             print(f"{model} ({attention}) context ready in {time.time() - t0:.0f} s", flush=True)
-            variants = [("sft", 0)] + [(s, T) for s in solvers for T in ts]
+            shares = (True, False) if args.data_mode == "cloze" else (True,)
+            variants = [("sft", 0, True)] + [(s, T, sh) for s in solvers for T in ts for sh in shares]
             for r in measure_group(
                 ctx,
                 variants,

@@ -105,3 +105,35 @@ def test_calm_step_quick_smallest(tmp_path):
         assert r["model"] == "tiny"
         assert r["time_ratio_vs_sft"] > 0 and r["mem_ratio_vs_sft"] > 0
     assert records[0]["time_ratio_vs_sft"] == 1.0 and records[1]["T"] == 1
+
+
+@pytest.mark.slow
+def test_scoring_quick_agrees_with_the_old_layout(tmp_path):
+    """bench.scoring --quick on the tiny model: the shared-prefix predictions agree with the
+    unshared layout per option (and with lm-eval where it is installed); tables written."""
+    from bench import scoring
+
+    stem = tmp_path / "sc"
+    out = scoring.main(["--quick", "--sets", "sciq", "--check-sets", "mmlu", "--out", str(stem)])
+    agree = [r for r in out["records"] if r["kind"] == "agreement"]
+    assert {r["set"] for r in agree} == {"sciq", "mmlu", "mmlu@max_length=128"}
+    for r in agree:
+        assert r["max_abs_dll"] < 1e-4, r
+        assert r["accuracy"] == r["accuracy_before"]
+    timing = [r for r in out["records"] if r["kind"] == "timing"]
+    assert {r["candidate"] for r in timing} >= {"before", "shared@4096"}
+    for r in timing:
+        _has_a_timing(r)  # the record's shape, not its value: no timing is asserted
+        assert r["floor_tokens"] < r["unshared_tokens"]
+    assert "## Agreement with the old layout" in stem.with_suffix(".md").read_text()
+
+
+@pytest.mark.slow
+def test_calm_step_cloze_times_shared_and_unshared_upper_batches(tmp_path):
+    stem = tmp_path / "csc"
+    calm_step.main(["--smallest", "--solvers", "bome", "--data-mode", "cloze", "--rounds", "3",
+                    "--budget", "0", "--no-memory", "--batch", "2", "--out", str(stem)])
+    records = json.loads(stem.with_suffix(".json").read_text())["records"]
+    assert [(r["solver"], r["shared_prefix"]) for r in records] == [
+        ("sft", True), ("bome", True), ("bome", False)]
+    assert all(r["mode"] == "cloze" and r["target_ratio"] is None for r in records)
