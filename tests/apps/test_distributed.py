@@ -61,6 +61,26 @@ def _train(method: str, dist, per_rank: int, out: str, extra: tuple[str, ...] = 
     save_file(state, out)
 
 
+def _predict_cloze(dist, out: str) -> None:
+    """Shared-prefix cloze predictions (two forwards through the cache) under this process
+    layout: under FSDP every block's weights are gathered for each of the two calls."""
+    from apps.calm_llm import config as C
+    from apps.calm_llm import methods
+    from apps.calm_llm.data import Collator
+    from apps.calm_llm.methods.base import Context
+    from apps.calm_llm.model import load
+    from apps.calm_llm.train import predict_option_logits
+
+    cfg = C.parse_args(["--config", "tiny", "--mode", "cloze"])
+    lm = load(cfg.model, device=torch.device("cpu"), seed=0, dist=dist)
+    col = Collator(lm.tokenizer, mode="cloze", max_length=96, max_options=5, share_prefix=True)
+    ex = _examples()
+    ctx = Context(cfg=cfg, lm=lm, collator=col, train_examples=ex[:4], calib_examples=ex[4:8],
+                  train_collator=col, option_token_ids=None, dist=dist)
+    ol, _ = predict_option_logits(ctx, methods.get("none")(ctx), ex[:12])
+    save_file({"option_logits": ol.contiguous()}, out)
+
+
 def _fsdp_facts(lm, method, dist, state: dict, out: str) -> None:
     """Record how much of the frozen base this rank holds, and export on rank 0 alone."""
     from torch.distributed.tensor import DTensor
@@ -96,6 +116,7 @@ def _worker(rank: int, world: int, port: int, out_dir: str) -> None:
         for method in METHODS:
             _train(method, fsdp, PER_RANK,
                    os.path.join(out_dir, f"{method}-fsdp-rank{rank}.safetensors"), FSDP_FLAGS)
+        _predict_cloze(fsdp, os.path.join(out_dir, f"cloze-fsdp-rank{rank}.safetensors"))
     finally:
         torch.distributed.destroy_process_group()
 
@@ -131,7 +152,16 @@ def runs(tmp_path_factory):
         _train(method, Dist(), 2 * PER_RANK, str(out / f"{method}-single.safetensors"))
         _train(method, Dist(), 2 * PER_RANK, str(out / f"{method}-fsdp-single.safetensors"),
                FSDP_FLAGS)
+    _predict_cloze(Dist(), str(out / "cloze-single.safetensors"))
     return out
+
+
+def test_shared_prefix_prediction_under_fsdp_equals_one_process(runs):
+    want = load_file(str(runs / "cloze-single.safetensors"))["option_logits"]
+    assert torch.isfinite(want).any()
+    for rank in range(2):
+        got = load_file(str(runs / f"cloze-fsdp-rank{rank}.safetensors"))["option_logits"]
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("mode", ["ddp", "fsdp"])
