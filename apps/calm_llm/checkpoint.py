@@ -4,13 +4,16 @@ A checkpoint (``<run>/checkpoints/<method>/``) holds ``state.safetensors`` — L
 (``lora.*``), α (``alpha.*``), the method's extra tensors (``extra.*``), optimizer state tensors
 (``opt.<name>.<param index>.<key>``) and torch RNG states (``rng.*``) — and ``state.json`` — step,
 config hash, data-stream positions, optimizer param groups and scalar state, scheduler states,
-Python/NumPy RNG states and the loss history. Nothing is unpickled when loading, so a downloaded
-run directory cannot run code. Writes go to a temporary folder renamed into place, so a run
-killed while saving keeps its previous checkpoint.
+Python/NumPy RNG states and the loss history — and the sha256 of ``state.safetensors``, checked
+on loading, so a corrupted checkpoint is refused by name instead of resuming into silently
+different metrics. Nothing is unpickled when loading, so a downloaded run directory cannot run
+code. Writes go to a temporary folder renamed into place, so a run killed while saving keeps its
+previous checkpoint.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import random
 import shutil
@@ -19,7 +22,8 @@ from typing import Any
 
 import numpy as np
 import torch
-from safetensors.torch import load_file, save_file
+
+from .io import CorruptFile, atomic_save_tensors, atomic_write_text, read_json, read_tensors
 
 FORMAT = 1
 
@@ -120,10 +124,10 @@ def save(
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir(parents=True)
-    save_file(tensors, str(tmp / "state.safetensors"))
-    # written then renamed, so a complete-looking tmp folder never holds a truncated state.json
-    (tmp / "state.json.part").write_text(json.dumps(meta))
-    (tmp / "state.json.part").rename(tmp / "state.json")
+    data = atomic_save_tensors(tmp / "state.safetensors", tensors)
+    meta["sha256"] = hashlib.sha256(data).hexdigest()
+    # atomic, so a complete-looking tmp folder never holds a truncated state.json
+    atomic_write_text(tmp / "state.json", json.dumps(meta))
     if directory.exists():
         old = directory.with_name(directory.name + ".old")
         if old.exists():
@@ -162,13 +166,24 @@ def exists(directory: str | Path) -> bool:
 
 
 def load(directory: str | Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    """(tensors, meta) of a checkpoint; safetensors + JSON only."""
+    """(tensors, meta) of a checkpoint; safetensors + JSON only.
+
+    Raises:
+        CorruptFile: a file that does not parse, or tensors whose sha256 is not the one saved
+            with them (checkpoints written before the checksum existed are read unchecked).
+    """
     d = Path(directory)
     _recover(d)
-    meta = json.loads((d / "state.json").read_text())
+    fix = f"Delete the folder {d} to train this method again from its start."
+    meta = read_json(d / "state.json", fix)
     if meta.get("format") != FORMAT:
         raise ValueError(f"{d}: checkpoint format {meta.get('format')} (this code reads {FORMAT})")
-    return load_file(str(d / "state.safetensors")), meta
+    path = d / "state.safetensors"
+    data = path.read_bytes()
+    if "sha256" in meta and hashlib.sha256(data).hexdigest() != meta["sha256"]:
+        raise CorruptFile(f"{path}: its tensors do not match the checksum saved in state.json "
+                          f"(the file was changed or damaged after it was written). {fix}")
+    return read_tensors(path, fix, data), meta
 
 
 def restore(directory: str | Path, *, method: Any, lm: Any, config_hash: str) -> tuple[int, list]:

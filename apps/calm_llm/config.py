@@ -16,6 +16,8 @@ import dataclasses
 import hashlib
 import importlib.util
 import json
+import math
+import re
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -210,6 +212,11 @@ class Config:
     methods: list[str] = opt(["none", "ts", "sft", "calm"], f"methods to run, from {METHODS}")
     out: str = opt("", "run directory (default: a fresh folder under runs/)")
     resume: str = opt("", "continue the killed run in this directory")
+    force_resume: bool = opt(
+        False,
+        "with --resume: continue even though the data no longer give the splits recorded in "
+        "splits.json (methods evaluated before and after would mix the two)",
+    )
     seed: int = opt(0, "seed of splits, LoRA init, batch order and dropout")
     device: str = opt("auto", "'auto' (cuda when available), 'cpu', 'cuda', 'cuda:1', ...")
     fsdp: bool = opt(
@@ -229,16 +236,43 @@ class Config:
         return dataclasses.asdict(self)
 
     def hash(self) -> str:
-        """sha256 of everything that changes results (not where they go, the resume flag or sharding)."""
-        d = self.to_dict()
-        for k in ("out", "resume", "checkpoint_every", "fsdp"):  # fsdp: same math as DDP
-            d.pop(k)
+        """sha256 of everything that changes what is trained and predicted (not where results go,
+        the resume flags, sharding, or the evaluation-only options: see `comparable`)."""
+        d = self.comparable()
         return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
 
+    def comparable(self) -> dict[str, Any]:
+        """The flat ``{--flag: value}`` of every option a resumed run must share with its run.
+
+        Left out: where results go and how often checkpoints are written, the resume flags,
+        sharding (``--fsdp``: the same math as DDP) and `EVAL_ONLY` options, which a resume may
+        change because the saved predictions are re-evaluated with them.
+        """
+        out: dict[str, Any] = {}
+        for sec, f in _leaf_fields():
+            if f.name in RUN_ONLY or f.name in EVAL_ONLY:
+                continue
+            out[_flag(f)] = getattr(getattr(self, sec) if sec else self, f.name)
+        return out
+
     def save(self, run_dir: str | Path) -> Path:
+        from .io import atomic_write_text  # a killed write must not leave a cut config.json
+
         path = Path(run_dir) / "config.json"
-        path.write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+        atomic_write_text(path, json.dumps(self.to_dict(), indent=2) + "\n")
         return path
+
+
+# top-level options that do not change results (`Config.comparable` leaves them out)
+RUN_ONLY = ("out", "resume", "force_resume", "checkpoint_every", "fsdp")
+# options read only when metrics are computed from predictions: a resume may change them
+EVAL_ONLY = ("n_bins", "n_boot")
+
+
+def differences(saved: Config, now: Config) -> list[str]:
+    """``"--flag: saved -> now"`` for each option that differs in a way that changes results."""
+    a, b = saved.comparable(), now.comparable()
+    return [f"{k}: {a[k]!r} (the run's) vs {b[k]!r} (now)" for k in a if a[k] != b[k]]
 
 
 SECTIONS = ("model", "data", "train", "calm")
@@ -322,13 +356,29 @@ def resolve_config_file(name: str) -> Path:
 def load_file(path: str | Path) -> dict:
     """Read a YAML or JSON config file into a (nested) dict."""
     path = Path(path)
-    text = path.read_text()
+    try:
+        text = path.read_text(encoding="utf-8-sig")
+    except OSError as e:
+        raise ConfigError(f"--config {path}: cannot read it ({e.strerror or e})") from e
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"--config {path}: not UTF-8 text ({e.reason} at byte {e.start})") from e
     if path.suffix == ".json":
-        data = json.loads(text)
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ConfigError(
+                f"--config {path}: not valid JSON ({e.msg} at line {e.lineno}, column {e.colno})"
+            ) from e
     else:
         import yaml
 
-        data = yaml.safe_load(text)
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as e:
+            mark = getattr(e, "problem_mark", None)
+            at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+            problem = getattr(e, "problem", None) or type(e).__name__
+            raise ConfigError(f"--config {path}: not valid YAML ({problem}{at})") from e
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -433,6 +483,9 @@ def validate(cfg: Config) -> None:
         name = _flag(f)
         if choices and value not in choices:
             raise ConfigError(f"{name}: {value!r} is not one of {list(choices)}")
+        if isinstance(value, float) and not math.isfinite(value):
+            # nan compares false with everything, so it would slip through every check below
+            raise ConfigError(f"{name}: must be a finite number, got {value}")
         if isinstance(value, int | float) and not isinstance(value, bool) and value < 0:
             raise ConfigError(f"{name}: must be >= 0, got {value}")
     _check(len(cfg.methods) > 0, "--methods: give at least one method")
@@ -440,6 +493,11 @@ def validate(cfg: Config) -> None:
         _check(m in METHODS, f"--methods: unknown method {m!r} (known: {list(METHODS)})")
     _check(len(set(cfg.methods)) == len(cfg.methods), "--methods: a method is listed twice")
     m, d, t, c = cfg.model, cfg.data, cfg.train, cfg.calm
+    _check(cfg.n_bins >= 1, f"--n-bins: must be at least 1, got {cfg.n_bins}")
+    # one resample has no spread: the interval's quantiles need at least two
+    _check(cfg.n_boot != 1, "--n-boot: must be 0 (no intervals) or at least 2, got 1")
+    _check(DEVICE.fullmatch(cfg.device) is not None,
+           f"--device: {cfg.device!r} is not one of auto, cpu, mps, cuda, cuda:N")
     _check(m.max_length >= 8, "--max-length: must be at least 8")
     _check(m.lora_r >= 1, "--lora-r: must be at least 1")
     _check(m.lora_alpha > 0, "--lora-alpha: must be positive")
@@ -493,6 +551,10 @@ def validate(cfg: Config) -> None:
     _check(c.inner_lr > 0, f"--inner-lr: must be positive, got {c.inner_lr}")
     _check(c.inner_steps >= 1, "--inner-steps: must be at least 1")
     _check(c.cg_maxiter >= 1, "--cg-maxiter: must be at least 1")
+    if c.solver == "itd":
+        _check(c.itd_truncate <= c.inner_steps,
+               f"--itd-truncate {c.itd_truncate}: more than the {c.inner_steps} inner steps "
+               "(--inner-steps); use at most that many, or 0 for all")
     if c.alpha_scope == "options":
         _check(
             d.mode == "letter",
@@ -520,6 +582,34 @@ def validate(cfg: Config) -> None:
         # in any mode: instruction examples have no options, so no option probabilities
         raise ConfigError("--methods rcft needs MCQA training data (its regularizer uses option "
                           "probabilities); drop rcft or --instruction-data")
+    _check_paths(cfg)  # last: a combination that cannot work is worth saying before a typo'd path
+
+
+DEVICE = re.compile(r"auto|cpu|mps|cuda(:\d+)?")
+# a local folder is named like a path; anything else must look like a hub name ORG/NAME
+_PATH_LIKE = ("/", "./", "../", "~", ".\\")
+_HUB_NAME = re.compile(r"[\w.-]+(/[\w.-]+)?")
+
+
+def _check_paths(cfg: Config) -> None:
+    """Files and folders named by the options exist (and are the right kind) before any loading."""
+    for e in cfg.data.data_files:
+        if "=" in e:
+            name, path = e.split("=", 1)
+            _check(Path(path).is_file(), f"--data-files {e}: no such file {path!r} for {name!r}")
+    model = cfg.model.name_or_path
+    if model not in ("smollm2", "tiny"):
+        if model.startswith(_PATH_LIKE) or Path(model).exists():
+            _check(Path(model).expanduser().is_dir(),
+                   f"--model {model}: no such folder (give a model folder, a hub name ORG/NAME, "
+                   "'smollm2' or 'tiny')")
+        else:
+            _check(_HUB_NAME.fullmatch(model) is not None,
+                   f"--model {model!r}: neither a folder nor a hub name of the form ORG/NAME")
+    for flag, value in (("--out", cfg.out), ("--resume", cfg.resume)):
+        _check(not value or not Path(value).exists() or Path(value).is_dir(),
+               f"{flag} {value}: a file is there, not a run directory; choose another path")
+    _check(not cfg.force_resume or bool(cfg.resume), "--force-resume: only with --resume DIR")
 
 
 def needs_second_order(cfg: Config) -> bool:

@@ -178,8 +178,10 @@ def write_results(
     ``extra`` adds top-level keys to metrics.json (e.g. the zero-shot accuracy, timings).
     Predictions are stored as safetensors (no pickle): ``{method}/{dataset}/probs`` and
     ``.../labels``, so any table can be recomputed without rerunning a model.
+    Each file is written whole or not at all (`io.atomic_write_bytes`), so a full disk keeps the
+    previous results rather than leaving a cut metrics.json.
     """
-    from safetensors.torch import save_file
+    from .io import atomic_save_tensors, atomic_write_text
 
     run = Path(run_dir)
     run.mkdir(parents=True, exist_ok=True)
@@ -189,10 +191,10 @@ def write_results(
         if clash:
             raise ValueError(f"extra keys clash with metrics.json keys: {sorted(clash)}")
         payload.update(extra)
-    (run / "metrics.json").write_text(json.dumps(payload, indent=2, sort_keys=False) + "\n")
+    atomic_write_text(run / "metrics.json", json.dumps(payload, indent=2, sort_keys=False) + "\n")
     title = "# Results\n\nAccuracy, confidence ECE with a 95% bootstrap interval, and classwise ECE "
     title += f"({n_bins} equal-width bins). Best value per column in bold.\n\n"
-    (run / "results.md").write_text(title + render_table(results))
+    atomic_write_text(run / "results.md", title + render_table(results))
 
     tensors: dict[str, torch.Tensor] = {}
     for method, per_ds in predictions.items():
@@ -200,7 +202,7 @@ def write_results(
             tensors[f"{method}/{ds}/probs"] = torch.as_tensor(p).detach().to("cpu", torch.float32).contiguous()
             tensors[f"{method}/{ds}/labels"] = torch.as_tensor(y).detach().to("cpu", torch.int64).contiguous()
     if tensors:
-        save_file(tensors, str(run / "predictions.safetensors"))
+        atomic_save_tensors(run / "predictions.safetensors", tensors)
 
     if plots:
         from calibration import plots as cplots

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import sys
 import time
 from dataclasses import dataclass
@@ -17,18 +18,28 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file
 
 from . import checkpoint, distributed, evaluate, export
 from . import methods as method_registry
 from . import model as model_lib
-from .config import Config, data_files, data_hub, needs_second_order
+from .config import Config, data_files, data_hub, differences, needs_second_order
 from .data import Collator, budget_batches, load_source, make_splits
+from .data.splits import manifest_changes
+from .io import atomic_write_text, read_json, read_tensors
 from .methods.base import Context, Method
 
 
 class NonFiniteLoss(RuntimeError):
     """Training produced a NaN/inf loss; the message names the step and the last good checkpoint."""
+
+
+class RunRefused(ValueError):
+    """The run directory or the resume would mix or overwrite results; the message says why."""
+
+
+# what a run directory holds once a run has started in it (a new run never writes over these)
+RUN_FILES = ("config.json", "splits.json", "metrics.json", "predictions.safetensors",
+             "checkpoints", "export")
 
 
 @dataclass
@@ -43,12 +54,82 @@ def log(msg: str, d: distributed.Dist | None = None) -> None:
         print(msg, file=sys.stderr, flush=True)
 
 
-def make_run_dir(cfg: Config) -> Path:
+def make_run_dir(cfg: Config, dist: distributed.Dist | None = None) -> Path:
+    """The run's folder: ``--resume DIR``, ``--out DIR`` when it holds no other run, or a fresh
+    ``runs/<timestamp>`` claimed with an exclusive mkdir (a ``-2``, ``-3``... suffix when two
+    runs start in the same second), so two runs never share a folder."""
     if cfg.resume:
         return Path(cfg.resume)
     if cfg.out:
-        return Path(cfg.out)
-    return Path("runs") / time.strftime("%Y%m%d-%H%M%S")
+        out = Path(cfg.out)
+        held = [f for f in RUN_FILES if (out / f).exists()]
+        if held:
+            raise RunRefused(
+                f"--out {out} already holds a run ({', '.join(held)}); a new run does not write "
+                f"over another's results: continue that one with --resume {out}, or give a new --out"
+            )
+        return out
+    name = None
+    if dist is None or dist.main:
+        stamp, n = time.strftime("%Y%m%d-%H%M%S"), 1
+        while True:
+            cand = Path("runs") / (stamp if n == 1 else f"{stamp}-{n}")
+            try:
+                cand.mkdir(parents=True, exist_ok=False)
+                name = str(cand)
+                break
+            except FileExistsError:
+                n += 1
+    if dist is not None and dist.world > 1:  # every rank writes under rank 0's claim
+        import torch.distributed as tdist
+
+        box = [name]
+        tdist.broadcast_object_list(box, src=0)
+        name = box[0]
+    return Path(name)
+
+
+def check_resume_config(cfg: Config, run_dir: Path) -> None:
+    """Refuse a resume whose options differ from the run's config.json in a way that changes
+    results, naming each such option with both values."""
+    from .config import ConfigError, from_dict
+
+    fix = "Restore it from a copy, or start a new run with --out."
+    try:
+        saved = from_dict(read_json(run_dir / "config.json", fix))
+    except ConfigError as e:
+        raise RunRefused(f"{run_dir / 'config.json'}: {e}") from e
+    diff = differences(saved, cfg)
+    if diff:
+        raise RunRefused(
+            f"--resume {run_dir}: options differ from that run's config.json in a way that changes "
+            f"results: {'; '.join(diff)}. Resume with the run's values (output, checkpoint and "
+            "evaluation options --n-bins/--n-boot may change), or start a new run with --out"
+        )
+
+
+def check_resume_splits(cfg: Config, run_dir: Path, manifest: dict[str, Any], d: distributed.Dist) -> None:
+    """Refuse a resume whose data give other splits than the run's splits.json (the methods
+    evaluated before would be scored on other questions or labels than those evaluated after),
+    unless ``--force-resume``; then the old record is kept as ``splits.before-resume.json``."""
+    path = run_dir / "splits.json"
+    if not path.is_file():  # killed before the splits were recorded: nothing was evaluated
+        return
+    saved = read_json(path, "Delete it to record the current data's splits, but only if the "
+                            "data files are still those the run started with.")
+    changes = manifest_changes(saved, manifest)
+    if not changes:
+        return
+    msg = (f"--resume {run_dir}: the data no longer give the splits recorded in {path}: "
+           f"{'; '.join(changes)}")
+    if not cfg.force_resume:
+        raise RunRefused(f"{msg}. Restore the data files the run started with, or pass "
+                         "--force-resume to continue on the new data (the methods evaluated "
+                         "before and after would then mix the two)")
+    log(f"warning: {msg}; continuing (--force-resume), the old record kept as "
+        "splits.before-resume.json", d)
+    if d.main:
+        os.replace(path, run_dir / "splits.before-resume.json")
 
 
 # -- data ----------------------------------------------------------------------------------------
@@ -131,7 +212,13 @@ def train_method(
                total=cfg.train.steps, disable=not ctx.dist.main, file=sys.stderr)
     with ctx.lm.mode(True):
         for k in bar:
-            info = method.step(k)
+            try:
+                info = method.step(k)
+            except FloatingPointError as e:  # bilevel's solvers check their objectives each step
+                raise NonFiniteLoss(
+                    f"[{method.name}] non-finite loss at step {k + 1} ({e}); "
+                    f"last good checkpoint: {last_good}"
+                ) from e
             loss = ctx.dist.mean(info["loss"])
             if not math.isfinite(loss):
                 raise NonFiniteLoss(
@@ -151,12 +238,17 @@ def train_method(
 
 
 # -- results -------------------------------------------------------------------------------------
+# a results file cut short (full disk, kill) is recomputed from the checkpoints, not guessed at
+RESULTS_FIX = ("Delete metrics.json and predictions.safetensors in that folder and resume again: "
+               "every method is evaluated again (from its final checkpoint where it has one)")
+
+
 def _load_predictions(path: Path) -> dict[str, dict[str, tuple[torch.Tensor, torch.Tensor]]]:
     """evaluate.write_results' predictions.safetensors: ``{method}/{dataset}/probs|labels``."""
     out: dict[str, dict[str, tuple[torch.Tensor, torch.Tensor]]] = {}
     if not path.is_file():
         return out
-    t = load_file(str(path))
+    t = read_tensors(path, RESULTS_FIX)
     for key in t:
         method, ds, kind = key.split("/")
         if kind == "probs":
@@ -164,33 +256,70 @@ def _load_predictions(path: Path) -> dict[str, dict[str, tuple[torch.Tensor, tor
     return out
 
 
+def reevaluate(
+    results: dict[str, dict[str, Any]],
+    predictions: dict[str, dict[str, tuple[torch.Tensor, torch.Tensor]]],
+    *,
+    n_bins: int,
+    n_boot: int,
+) -> bool:
+    """Recompute, in place, the metrics of saved results whose --n-bins/--n-boot differ from the
+    current ones, from their saved predictions (no model needed); True when any changed.
+    Keys the metrics do not produce (a method's extras, e.g. TS's temperature) are kept."""
+    changed = False
+    for m, per_ds in results.items():
+        for ds, r in per_ds.items():
+            if r.get("n_bins") == n_bins and r.get("n_boot") == n_boot:
+                continue
+            probs, y = predictions[m][ds]
+            per_ds[ds] = {**r, **evaluate.dataset_metrics(probs, y, domain=r["domain"],
+                                                          n_bins=n_bins, n_boot=n_boot)}
+            changed = True
+    return changed
+
+
 def run(cfg: Config) -> dict[str, Any]:
     """The whole run; returns ``{"results": ..., "run_dir": ...}``. Writes as it goes."""
     dist = distributed.init(fsdp=cfg.fsdp)
-    run_dir = make_run_dir(cfg)
+    run_dir = make_run_dir(cfg, dist)
+    dist.barrier()  # every rank has checked the folder before rank 0 writes into it
     resume = bool(cfg.resume)
     if resume and not (run_dir / "config.json").is_file():
         raise FileNotFoundError(f"--resume {run_dir}: no config.json there (not a run directory)")
     config_hash = cfg.hash()
     if resume:
-        from .config import from_dict, load_file
-
-        saved_hash = from_dict(load_file(run_dir / "config.json")).hash()
-        if saved_hash != config_hash:
-            raise ValueError(
-                f"--resume {run_dir}: the options differ from that run's config.json in a way that "
-                "changes results; resume with only --resume (and output/checkpoint options)"
-            )
+        check_resume_config(cfg, run_dir)
+    # the data are read and checked against the run's record before anything is written
+    splits = load_data(cfg)
+    manifest = splits.manifest()
+    if resume:
+        check_resume_splits(cfg, run_dir, manifest, dist)
     if dist.main:
         run_dir.mkdir(parents=True, exist_ok=True)
         cfg.save(run_dir)
+        atomic_write_text(run_dir / "splits.json", json.dumps(manifest, indent=1))
     torch.manual_seed(cfg.seed)
     device = model_lib.resolve_device(distributed.device_for(dist, cfg.device))
 
     log(f"run directory: {run_dir}", dist)
-    splits = load_data(cfg)
-    if dist.main:
-        (run_dir / "splits.json").write_text(json.dumps(splits.manifest(), indent=1))
+    # saved results are read (and a cut file named) before the minutes a model takes to load
+    results: dict[str, dict[str, Any]] = {}
+    predictions: dict[str, dict[str, tuple[torch.Tensor, torch.Tensor]]] = {}
+    metrics_path = run_dir / "metrics.json"
+    extra: dict[str, Any] = {"config_hash": config_hash, "zero_shot_accuracy": {}}
+    if resume and metrics_path.is_file():
+        saved_all = read_json(metrics_path, RESULTS_FIX)
+        extra["zero_shot_accuracy"] = saved_all.get("zero_shot_accuracy", {})
+        saved = saved_all.get("results", {})
+        saved_preds = _load_predictions(run_dir / "predictions.safetensors")
+        for m in cfg.methods:
+            if m in saved and m in saved_preds:
+                results[m], predictions[m] = saved[m], saved_preds[m]
+                log(f"[{m}] already evaluated in {run_dir}; kept", dist)
+        if reevaluate(results, predictions, n_bins=cfg.n_bins, n_boot=cfg.n_boot) and dist.main:
+            log(f"re-evaluated the kept methods with --n-bins {cfg.n_bins} --n-boot {cfg.n_boot}",
+                dist)
+            evaluate.write_results(run_dir, results, predictions, n_bins=cfg.n_bins, extra=extra)
     log(f"loading model {cfg.model.name_or_path!r} on {device}", dist)
     if dist.fsdp:
         log(f"FSDP: base weights sharded over {dist.world} processes" if dist.world > 1
@@ -216,19 +345,6 @@ def run(cfg: Config) -> dict[str, Any]:
     eval_sets += [EvalSet(n, "ood", ex) for n, ex in splits.ood.items()]
     init_lora = lm.inner_state()
 
-    results: dict[str, dict[str, Any]] = {}
-    predictions: dict[str, dict[str, tuple[torch.Tensor, torch.Tensor]]] = {}
-    metrics_path = run_dir / "metrics.json"
-    extra: dict[str, Any] = {"config_hash": config_hash, "zero_shot_accuracy": {}}
-    if resume and metrics_path.is_file():
-        saved_all = json.loads(metrics_path.read_text())
-        extra["zero_shot_accuracy"] = saved_all.get("zero_shot_accuracy", {})
-        saved = saved_all.get("results", {})
-        saved_preds = _load_predictions(run_dir / "predictions.safetensors")
-        for m in cfg.methods:
-            if m in saved and m in saved_preds:
-                results[m], predictions[m] = saved[m], saved_preds[m]
-                log(f"[{m}] already evaluated in {run_dir}; kept", dist)
 
     base_cache: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
 

@@ -7,6 +7,11 @@ calibration split of ``n_calib`` questions, each spread as evenly as possible ov
 set is capped at ``n_ood`` questions. With ``instruction_train`` (the CALM paper's OOD protocol)
 the training split is a seeded subset of ``n_train`` instruction examples instead and the
 in-domain sets only give calibration and test questions.
+
+Splits are disjoint by content too, not only by id: a question (with the same options, in any
+order, up to case and spacing) found in an out-of-domain set is removed from the in-domain sets,
+and one found in two in-domain sets is kept in the first only; `Splits.overlap` and a warning
+report how many, so an OOD score is never measured on questions the model trained on.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import json
 import random
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,6 +37,7 @@ class Splits:
     ood: dict[str, list[MCQAExample]]
     seed: int = 0
     counts: dict[str, int] = field(default_factory=dict)
+    overlap: dict[str, int] = field(default_factory=dict)  # "a & b" -> examples removed from b
 
     def named(self) -> dict[str, list[Any]]:
         """Every split under one flat name: train, calib, test/<set>, ood/<set>."""
@@ -43,16 +50,91 @@ class Splits:
         """JSON-able record: per split its size, ids (in order) and a sha256 of its content.
 
         The digest covers each example's canonical JSON (id, text, options, label), so a
-        changed data file with unchanged ids is still detected.
+        changed data file with unchanged ids is still detected; ``examples`` holds each
+        example's own digest (16 hex digits), so `manifest_changes` can say how many changed.
         """
         return {
             "seed": self.seed,
             "requested": dict(self.counts),
+            "overlap_removed": dict(self.overlap),
             "splits": {
-                name: {"n": len(exs), "ids": [e.id for e in exs], "sha256": split_digest(exs)}
+                name: {"n": len(exs), "ids": [e.id for e in exs], "sha256": split_digest(exs),
+                       "examples": [example_digest(e) for e in exs]}
                 for name, exs in self.named().items()
             },
         }
+
+
+def example_digest(example: MCQAExample | InstructionExample) -> str:
+    """The first 16 hex digits of sha256 over one example's canonical JSON."""
+    text = json.dumps(example.__dict__, sort_keys=True, ensure_ascii=False)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
+
+
+def _source_of(example_id: str) -> str:
+    return example_id.split(":", 1)[0]  # ids are "source:..." (see sources.content_id)
+
+
+def manifest_changes(saved: dict[str, Any], now: dict[str, Any]) -> list[str]:
+    """What differs between two `Splits.manifest` records, one line per split that changed,
+    naming its sources and how many examples changed (empty when the splits are the same)."""
+    out = []
+    a, b = saved.get("splits", {}), now.get("splits", {})
+    for name in [*a, *(n for n in b if n not in a)]:
+        if name not in b or name not in a:
+            out.append(f"split {name} {'is gone' if name not in b else 'is new'}")
+            continue
+        old, new = a[name], b[name]
+        if old.get("sha256") == new["sha256"]:
+            continue
+        if "examples" in old:
+            before = set(zip(old["ids"], old["examples"]))
+            after = set(zip(new["ids"], new["examples"]))
+        else:  # a record written before per-example digests: ids only
+            before, after = set(old["ids"]), set(new["ids"])
+        differ = (after - before) | (before - after)
+        ids = {x[0] if isinstance(x, tuple) else x for x in differ}
+        sources = sorted({_source_of(i) for i in ids})
+        n_changed = len(after - before)
+        if not differ:
+            detail = "the same examples in another order" if "examples" in old else \
+                "the same ids with other content"
+        else:
+            detail = (f"{n_changed} of {new['n']} examples differ (sources: {', '.join(sources)})"
+                      + (f", {old['n']} before" if old["n"] != new["n"] else ""))
+        out.append(f"{name}: {detail}")
+    return out
+
+
+def _content_key(e: MCQAExample) -> str:
+    """The question and its options (any order) up to case and spacing."""
+    def norm(t: str) -> str:
+        return " ".join(t.casefold().split())
+
+    return "\x1f".join([norm(e.question), *sorted(norm(o) for o in e.options)])
+
+
+def _remove_overlap(
+    in_domain: dict[str, list[MCQAExample]], out_of_domain: dict[str, list[MCQAExample]]
+) -> tuple[dict[str, list[MCQAExample]], dict[str, int]]:
+    """In-domain sets without the questions of the OOD sets or of an earlier in-domain set."""
+    seen: dict[str, str] = {}  # content key -> the set it belongs to
+    for name, exs in out_of_domain.items():
+        for e in exs:
+            seen.setdefault(_content_key(e), name)
+    overlap: dict[str, int] = {}
+    kept: dict[str, list[MCQAExample]] = {}
+    for name, exs in in_domain.items():
+        kept[name] = []
+        for e in exs:
+            key = _content_key(e)
+            owner = seen.setdefault(key, name)
+            if owner == name:
+                kept[name].append(e)
+            else:
+                pair = f"{owner} & {name}"
+                overlap[pair] = overlap.get(pair, 0) + 1
+    return kept, overlap
 
 
 def split_digest(examples: Sequence[MCQAExample | InstructionExample]) -> str:
@@ -124,6 +206,13 @@ def make_splits(
                 raise ValueError(f"duplicate example id {e.id!r} (seen again in {name!r})")
             all_ids.add(e.id)
 
+    in_domain, overlap = _remove_overlap(in_domain, out_of_domain)
+    if overlap:
+        warnings.warn(
+            "the same questions appear in two sets; removed from the second so no split shares "
+            "a question with another: " + ", ".join(f"{k}: {v}" for k, v in overlap.items()),
+            stacklevel=2,
+        )
     test: dict[str, list[MCQAExample]] = {}
     rest: dict[str, list[MCQAExample]] = {}
     for name, exs in in_domain.items():
@@ -157,4 +246,5 @@ def make_splits(
 
     ood = {name: _shuffled(exs, seed, f"ood:{name}")[:n_ood] for name, exs in out_of_domain.items()}
     counts = {"n_train": n_train, "n_calib": n_calib, "n_test": n_test, "n_ood": n_ood}
-    return Splits(train=train, calib=calib, test=test, ood=ood, seed=seed, counts=counts)
+    return Splits(train=train, calib=calib, test=test, ood=ood, seed=seed, counts=counts,
+                  overlap=overlap)

@@ -1,0 +1,274 @@
+"""What the runner guarantees: nothing lost (atomic results files, named corrupt files, checks
+before loading) and nothing mixed (run folders, resume against the saved config and splits)."""
+
+import errno
+import io
+import json
+import math
+import os
+import shutil
+
+import pytest
+import torch
+
+from apps.calm_llm import checkpoint, evaluate, train
+from apps.calm_llm import config as C
+from apps.calm_llm.__main__ import main
+from apps.calm_llm.io import CorruptFile
+from apps.calm_llm.methods.calm import CalmObjectives
+
+
+def _write_source(path, name, n, label_of=lambda i: i % 4):
+    rows = [{"id": f"{name}{i}", "question": f"Which {name} thing number {i} is right?",
+             "options": [f"alpha {i}", f"beta {i}", f"gamma {i}", f"delta {i}"],
+             "label": label_of(i)} for i in range(n)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+# relative paths (run from the folder holding data/), so a copied run reads its copied data
+ARGS = ["--config", "tiny", "--methods", "none", "sft", "--steps", "2", "--checkpoint-every", "2",
+        "--n-boot", "0", "--data-files", "sciq=data/sciq.jsonl", "arc_easy=data/arc.jsonl"]
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory):
+    """One finished tiny run (none + sft) on local data files; tests work on copies of it."""
+    root = tmp_path_factory.mktemp("finished")
+    (root / "data").mkdir()
+    _write_source(root / "data" / "sciq.jsonl", "sciq", 40)
+    _write_source(root / "data" / "arc.jsonl", "arc", 12)
+    cwd = os.getcwd()
+    os.chdir(root)
+    try:
+        assert main([*ARGS, "--out", "run"]) == 0
+    finally:
+        os.chdir(cwd)
+    return root
+
+
+@pytest.fixture
+def run_copy(finished, tmp_path, monkeypatch):
+    """(run, data) copied into tmp_path, which is the working directory."""
+    shutil.copytree(finished / "run", tmp_path / "run")
+    shutil.copytree(finished / "data", tmp_path / "data")
+    monkeypatch.chdir(tmp_path)
+    return tmp_path / "run", tmp_path / "data"
+
+
+def _metrics(run):
+    return json.loads((run / "metrics.json").read_text())
+
+
+# -- run directories -----------------------------------------------------------------------------
+def test_a_new_run_does_not_write_into_a_finished_run(run_copy, capsys):
+    run, _ = run_copy
+    before = (run / "metrics.json").read_bytes()
+    assert main([*ARGS, "--out", str(run)]) == 1
+    err = capsys.readouterr().err
+    assert f"--out {run} already holds a run" in err and f"--resume {run}" in err
+    assert (run / "metrics.json").read_bytes() == before
+
+
+def test_runs_started_in_the_same_second_get_their_own_folders(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(train.time, "strftime", lambda fmt: "20250101-120000")
+    cfg = C.parse_args(["--config", "tiny"])
+    first, second = train.make_run_dir(cfg), train.make_run_dir(cfg)
+    assert first != second and first.is_dir() and second.is_dir()
+    assert second.name == "20250101-120000-2"
+
+
+# -- resume --------------------------------------------------------------------------------------
+def test_resume_refuses_data_that_give_other_splits(run_copy, capsys):
+    run, data = run_copy
+    saved = (run / "splits.json").read_text()
+    _write_source(data / "sciq.jsonl", "sciq", 40, label_of=lambda i: (i + 1) % 4)  # every label
+    capsys.readouterr()
+    assert main(["--resume", str(run)]) == 1
+    err = capsys.readouterr().err
+    assert "no longer give the splits" in err and "test/sciq: 8 of 8 examples differ (sources: sciq)" in err
+    assert "--force-resume" in err
+    assert (run / "splits.json").read_text() == saved  # the record is not overwritten
+    # forced: it continues, and keeps the old record beside the new one
+    assert main(["--resume", str(run), "--force-resume"]) == 0
+    assert (run / "splits.before-resume.json").read_text() == saved
+    assert (run / "splits.json").read_text() != saved
+
+
+def test_resume_refusal_names_the_option_and_both_values(run_copy, capsys):
+    run, _ = run_copy
+    assert main(["--resume", str(run), "--lr", "0.5"]) == 1
+    err = capsys.readouterr().err
+    assert "--lr: 0.001 (the run's) vs 0.5 (now)" in err
+
+
+def test_evaluation_options_may_change_on_resume(run_copy, capsys):
+    run, _ = run_copy
+    assert _metrics(run)["results"]["sft"]["sciq"]["n_bins"] == 10
+    assert main(["--resume", str(run), "--n-bins", "5", "--n-boot", "20"]) == 0
+    err = capsys.readouterr().err
+    assert "[sft] already evaluated" in err and "re-evaluated the kept methods" in err
+    for per_ds in _metrics(run)["results"].values():
+        for r in per_ds.values():
+            assert r["n_bins"] == 5 and r["n_boot"] == 20 and r["conf_ece_ci"] is not None
+
+
+@pytest.mark.parametrize("name", ["metrics.json", "predictions.safetensors"])
+def test_a_cut_results_file_is_named_on_resume(run_copy, capsys, name):
+    run, _ = run_copy
+    path = run / name
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    assert main(["--resume", str(run)]) == 1
+    err = capsys.readouterr().err
+    assert str(path) in err and "Delete metrics.json and predictions.safetensors" in err
+
+
+# -- atomic results files ------------------------------------------------------------------------
+def test_a_full_disk_while_writing_keeps_the_previous_results(tmp_path, monkeypatch):
+    probs, labels = torch.tensor([[0.7, 0.3], [0.4, 0.6]]), torch.tensor([0, 1])
+    res = {"none": {"d": evaluate.dataset_metrics(probs, labels, domain="id", n_boot=0)}}
+    preds = {"none": {"d": (probs, labels)}}
+    evaluate.write_results(tmp_path, res, preds, plots=False)
+    before = (tmp_path / "metrics.json").read_text()
+    real_open = io.open
+
+    class HalfWritten:
+        """A file on a full disk: half of the first write lands, then ENOSPC."""
+
+        def __init__(self, fh):
+            self.fh = fh
+
+        def write(self, data):
+            self.fh.write(data[: len(data) // 2])
+            self.fh.flush()
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.fh.close()
+
+        def __getattr__(self, name):
+            return getattr(self.fh, name)
+
+    def full_disk_open(file, mode="r", *args, **kwargs):
+        fh = real_open(file, mode, *args, **kwargs)
+        return HalfWritten(fh) if any(c in mode for c in "wax") else fh
+
+    monkeypatch.setattr(io, "open", full_disk_open)
+    other = {"none": {"d": {**res["none"]["d"], "accuracy": 0.0}}}
+    with pytest.raises(OSError, match="No space left"):
+        evaluate.write_results(tmp_path, other, preds, plots=False)
+    monkeypatch.setattr(io, "open", real_open)
+    assert (tmp_path / "metrics.json").read_text() == before
+    assert not list(tmp_path.glob(".*.tmp"))  # the cut temporary file is removed
+
+
+# -- checkpoints ---------------------------------------------------------------------------------
+class _Lm:
+    def load_inner(self, state):
+        self.state = state
+
+
+class _Method:
+    name = "sft"
+    optimizers: dict = {}
+    schedulers: dict = {}
+    streams: dict = {}
+
+    def outer_params(self):
+        return {}
+
+    def tensors(self):
+        return {}
+
+    def load_tensors(self, tensors):
+        pass
+
+
+def _saved_checkpoint(tmp_path):
+    d = tmp_path / "sft"
+    checkpoint.save(d, method=_Method(), lora={"w": torch.arange(64.0)}, step=2, config_hash="h",
+                    history=[])
+    return d
+
+
+def test_a_checkpoint_whose_tensors_changed_is_refused_by_name(tmp_path):
+    d = _saved_checkpoint(tmp_path)
+    path = d / "state.safetensors"
+    data = bytearray(path.read_bytes())
+    data[-3] ^= 0xFF  # one flipped byte inside a tensor: it would load, with another value
+    path.write_bytes(bytes(data))
+    with pytest.raises(CorruptFile, match="do not match the checksum") as e:
+        checkpoint.restore(d, method=_Method(), lm=_Lm(), config_hash="h")
+    assert str(path) in str(e.value) and f"Delete the folder {d}" in str(e.value)
+
+
+@pytest.mark.parametrize("name", ["state.json", "state.safetensors"])
+def test_a_cut_checkpoint_file_is_named(tmp_path, name):
+    d = _saved_checkpoint(tmp_path)
+    path = d / name
+    path.write_bytes(path.read_bytes()[:20])
+    with pytest.raises(CorruptFile) as e:
+        checkpoint.restore(d, method=_Method(), lm=_Lm(), config_hash="h")
+    assert str(d) in str(e.value) and "Delete the folder" in str(e.value)
+
+
+# -- a NaN inside the bilevel solver ---------------------------------------------------------------
+def test_a_nan_during_calm_names_method_step_and_checkpoint(tmp_path, monkeypatch, capsys):
+    original, calls = CalmObjectives.upper, []
+
+    def upper(self, outer, inner, batch):
+        calls.append(1)
+        value = original(self, outer, inner, batch)
+        return value * math.nan if len(calls) > 2 else value
+
+    monkeypatch.setattr(CalmObjectives, "upper", upper)
+    rc = main(["--config", "tiny", "--methods", "calm", "--steps", "3", "--checkpoint-every", "1",
+               "--n-boot", "0", "--out", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert rc == 1
+    assert "[calm] non-finite loss at step" in err and "last good checkpoint" in err
+    assert "checkpoints/calm (step" in err
+
+
+# -- values that could only fail later are refused before any loading ------------------------------
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["--n-bins", "0"], "--n-bins: must be at least 1"),
+        (["--n-boot", "1"], "--n-boot: must be 0 (no intervals) or at least 2"),
+        (["--eta", "nan"], "--eta: must be a finite number, got nan"),
+        (["--lr", "inf"], "--lr: must be a finite number, got inf"),
+        (["--max-grad-norm", "nan"], "--max-grad-norm: must be a finite number"),
+        (["--solver", "itd", "--itd-truncate", "9"], "--itd-truncate 9: more than the 2 inner steps"),
+        (["--device", "tpu"], "--device: 'tpu' is not one of"),
+        (["--model", "/nonexistent"], "--model /nonexistent: no such folder"),
+        (["--model", "not a repo"], "neither a folder nor a hub name"),
+        (["--data-files", "sciq=/nonexistent.jsonl"], "no such file '/nonexistent.jsonl'"),
+        (["--force-resume"], "--force-resume: only with --resume"),
+    ],
+)
+def test_values_that_fail_later_are_refused_first(argv, needle):
+    with pytest.raises(C.ConfigError) as e:
+        C.parse_args(["--config", "tiny", *argv])
+    assert needle in str(e.value)
+
+
+def test_out_that_is_a_file_is_refused(tmp_path):
+    (tmp_path / "f").write_text("x")
+    with pytest.raises(C.ConfigError, match="a file is there, not a run directory"):
+        C.parse_args(["--out", str(tmp_path / "f")])
+
+
+@pytest.mark.parametrize(("name", "text", "needle"), [
+    ("bad.yaml", "model:\n  name_or_path: [tiny\n", "not valid YAML"),
+    ("bad.json", '{"model": {"name_or_path": "tiny",}}', "not valid JSON (Expecting property name"),
+])
+def test_a_broken_config_file_is_named_with_the_line(tmp_path, name, text, needle, capsys):
+    (tmp_path / name).write_text(text)
+    assert main(["--config", str(tmp_path / name)]) == 2
+    err = capsys.readouterr().err
+    assert f"--config {tmp_path / name}: {needle}" in err and "line " in err
