@@ -135,7 +135,7 @@ class TrainConfig:
     calib_batch_size: int = opt(4, "calibration questions per upper-level batch")
     eval_batch_size: int = opt(64, "most questions per evaluation batch")
     eval_tokens: int = opt(
-        4096, "token budget of an evaluation batch (padded prefix + continuation tokens; "
+        2048, "token budget of an evaluation batch (padded prefix + continuation tokens; "
         "questions are batched longest first)"
     )
     grad_accum: int = opt(1, "micro-batches accumulated per optimizer step")
