@@ -9,7 +9,7 @@ sizes (letter mode, so a training and a calibration batch hold the same number o
 sequences), LoRA on, α = affine over the full vocabulary. A step includes the optimizer
 updates, as in training.
 
-Cost floor (method-notes §2): T forward-backward passes on the lower batch + 1 on the upper
+Cost floor (docs/bilevel.md, BOME): T forward-backward passes on the lower batch + 1 on the upper
 batch + 1 forward ≈ T + 1.35 SFT steps (a forward ≈ ⅓ of a forward-backward). Targets: time
 ratio CALM/SFT ≤ T + 1.6, peak-memory ratio ≤ 1.25.
 

@@ -128,7 +128,7 @@ class Unrolled:
             total=T,
         )
         # Steps inside the window. Plain autograd.grad(create_graph=True) measured ≈2.4×
-        # faster than torch.func.grad of the whole loop (method-notes §3: 300 vs 730 ms).
+        # faster than torch.func.grad of the whole loop (measured: 300 vs 730 ms on a logistic problem, T = 20).
         theta = leaf_aliases(theta)
         outer_tree = tree.unflatten(alpha, ospec)
         for t in range(T - K, T):

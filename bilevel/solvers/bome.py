@@ -1,7 +1,7 @@
 """BOME (Bilevel Optimization Made Easy; Liu, Ye, Wright, Stone & Liu, 2022), first order.
 
 With u = (α, θ), q̂(u) = g(α, θ) − g(α, stopgrad(θ^(T))) where θ^(T) comes from T gradient
-steps on g(α, ·) started at θ (method-notes §2):
+steps on g(α, ·) started at θ (the BOME paper; docs/bilevel.md):
 
     ∇q̂ = (∇_α g(α, θ) − ∇_α g(α, θ^(T)),  ∇_θ g(α, θ))
     λ   = max((φ − ⟨∇f, ∇q̂⟩) / (‖∇q̂‖² + ε), 0),   φ = η‖∇q̂‖²  or  φ = c·q̂

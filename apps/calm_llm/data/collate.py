@@ -47,7 +47,7 @@ class Collator:
         tokenizer: a Hugging Face tokenizer (fast or slow).
         mode: "letter" (the papers' answer-letter scoring) or "cloze" (each option's text
             log-likelihood). Instruction examples are always collated as instruction batches.
-        prompt_style: "paper" (method-notes §4 text) or "chat" (``tokenizer.apply_chat_template``
+        prompt_style: "paper" (the CFT paper's prompt, docs/data.md "Prompts and batches") or "chat" (``tokenizer.apply_chat_template``
             around the same question; needs a tokenizer with a chat template).
         max_length: cap on the model input length; longer prompts lose their *left* part (the
             answer tokens are always kept).

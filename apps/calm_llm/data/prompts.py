@@ -1,6 +1,6 @@
 """Prompt text for the three batch kinds (pure string functions, no tokenizer).
 
-Letter (method-notes §4, the CFT/CALM papers' format, reproduced exactly)::
+Letter (the CFT/CALM papers' format, reproduced exactly; docs/data.md)::
 
     ### Question: Question: {q}\n\nOptions:\nA. {o0}\nB. {o1}\n\nAnswer with only a single letter:\n ### Answer:
 

@@ -1,4 +1,4 @@
-"""`rcft`: SFT plus the EM-style ECE regularizer of calibration-aware fine-tuning (method-notes §4).
+"""`rcft`: SFT plus the EM-style ECE regularizer of calibration-aware fine-tuning (its released code; docs/calm.md).
 
 E-step: one pass over the training set gives each confidence bin's accuracy acc_k
 (`calibration.objectives.estimate_bin_accuracy`). M-step per batch:
