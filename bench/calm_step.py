@@ -68,7 +68,7 @@ def make_context(model: str, *, batch: int, seed: int = 0, eager: bool = False,
             "source_limit": 400,
         },
         "train": {"batch_size": batch, "calib_batch_size": batch, "grad_accum": 1, "steps": 10_000},
-        "calm": {"solver": "bome", "alpha_param": "affine", "alpha_scope": "vocab"},
+        "calm": {"solver": "bome", "alpha_param": "affine", "alpha_support": "vocab"},
     }
     cfg = from_dict(overrides, cfg)
     validate(cfg)

@@ -20,8 +20,11 @@ name                   params                      transform of the K selected l
                                                    (z_j + l_j) / τ_j   (form="shift_scale")
 =====================  ==========================  =========================================
 
-τ = exp(tau_raw) (``positivity="log"``, default) or softplus(tau_raw) (``positivity="softplus"``);
-both start at τ = 1, l = 0. The default affine form z/τ + l is a reconstruction (the CALM paper
+τ = exp(tau_raw) (``positivity="log"``, default), softplus(tau_raw) (``positivity="softplus"``:
+grows linearly, so no step size sends τ to 1e11 through exp) or exp(b·tanh(tau_raw / b)) with
+b = log(tau_max) (``positivity="bounded"``: τ ∈ [1/tau_max, tau_max] whatever the optimizer does,
+and ≈ exp(tau_raw) near identity); all start at τ = 1, l = 0. ``deviation(params)`` is
+½‖params − identity‖², the prior that pulls α back to the identity transform. The default affine form z/τ + l is a reconstruction (the CALM paper
 does not publish its form): it keeps the transform linear in (1/τ, l), so the NLL of post-hoc
 fitting is convex in those, and the shift reads directly as a log-prior correction.
 
@@ -44,18 +47,24 @@ __all__ = ["NAMES", "Parameterization", "get"]
 
 Params = dict[str, torch.Tensor]
 Form = Literal["scale_shift", "shift_scale"]
-Positivity = Literal["log", "softplus"]
+Positivity = Literal["log", "softplus", "bounded"]
+POSITIVITIES: tuple[str, ...] = ("log", "softplus", "bounded")
 
 # softplus(x) = 1  <=>  x = log(e − 1): the raw value that starts τ at exactly 1.
 _SOFTPLUS_ONE = math.log(math.e - 1.0)
 
 
-def _tau(raw: torch.Tensor, positivity: Positivity) -> torch.Tensor:
-    return raw.exp() if positivity == "log" else F.softplus(raw)
+def _tau(raw: torch.Tensor, positivity: Positivity, tau_max: float = 20.0) -> torch.Tensor:
+    if positivity == "log":
+        return raw.exp()
+    if positivity == "softplus":
+        return F.softplus(raw)
+    b = math.log(tau_max)  # log τ = b·tanh(raw / b): slope 1 at identity, |log τ| < b always
+    return (b * torch.tanh(raw / b)).exp()
 
 
 def _raw_one(positivity: Positivity) -> float:
-    return 0.0 if positivity == "log" else _SOFTPLUS_ONE
+    return _SOFTPLUS_ONE if positivity == "softplus" else 0.0
 
 
 @dataclass(frozen=True)
@@ -70,6 +79,7 @@ class Parameterization:
     has_tau: bool = False
     per_class_tau: bool = False
     has_shift: bool = False
+    tau_max: float = 20.0
     _keys: tuple[str, ...] = field(default=(), repr=False)
 
     def init(
@@ -91,10 +101,27 @@ class Parameterization:
         self._check_keys(params)
         out = {}
         if self.has_tau:
-            out["tau"] = _tau(params["tau_raw"], self.positivity)
+            out["tau"] = _tau(params["tau_raw"], self.positivity, self.tau_max)
         if self.has_shift:
             out["shift"] = params["shift"]
         return out
+
+    def deviation(self, params: Params) -> torch.Tensor:
+        """½ Σ (params − identity)² over every entry: 0 at the identity transform.
+
+        Added to an objective with weight δ it is a Gaussian prior centred on "no change"
+        (an L2 decay towards identity rather than towards zero, which for τ = exp(0) = 1 is
+        the same point in the log parameterization but not in the softplus one).
+        """
+        self._check_keys(params)
+        total = None
+        for key, value in params.items():
+            centre = _raw_one(self.positivity) if key == "tau_raw" else 0.0
+            term = 0.5 * (value - centre).square().sum()
+            total = term if total is None else total + term
+        if total is None:
+            return torch.zeros(())
+        return total
 
     def apply(
         self, params: Params, logits: torch.Tensor, class_ids: torch.Tensor | None = None
@@ -125,7 +152,7 @@ class Parameterization:
         return logits.index_copy(logits.ndim - 1, class_ids, out)
 
     def _transform(self, params: Params, z: torch.Tensor) -> torch.Tensor:
-        tau = _tau(params["tau_raw"], self.positivity) if self.has_tau else None
+        tau = _tau(params["tau_raw"], self.positivity, self.tau_max) if self.has_tau else None
         shift = params["shift"] if self.has_shift else None
         if tau is not None and shift is not None and self.form == "shift_scale":
             return (z + shift) / tau
@@ -179,9 +206,11 @@ def _register(name: str, options: set[str]) -> Callable:
     return deco
 
 
-def _check_positivity(positivity: str) -> None:
-    if positivity not in ("log", "softplus"):
-        raise ValueError(f"positivity must be 'log' or 'softplus', got {positivity!r}")
+def _check_positivity(positivity: str, tau_max: float = 20.0) -> None:
+    if positivity not in POSITIVITIES:
+        raise ValueError(f"positivity must be one of {POSITIVITIES}, got {positivity!r}")
+    if not (isinstance(tau_max, int | float) and math.isfinite(tau_max) and tau_max > 1.0):
+        raise ValueError(f"tau_max must be a finite number > 1, got {tau_max!r}")
 
 
 @_register("identity", set())
@@ -189,20 +218,22 @@ def _identity() -> Parameterization:
     return Parameterization(name="identity")
 
 
-@_register("temperature", {"positivity"})
-def _temperature(positivity: Positivity = "log") -> Parameterization:
-    _check_positivity(positivity)
+@_register("temperature", {"positivity", "tau_max"})
+def _temperature(positivity: Positivity = "log", tau_max: float = 20.0) -> Parameterization:
+    _check_positivity(positivity, tau_max)
     return Parameterization(
-        name="temperature", positivity=positivity, has_tau=True, _keys=("tau_raw",)
+        name="temperature", positivity=positivity, has_tau=True, tau_max=float(tau_max),
+        _keys=("tau_raw",),
     )
 
 
-@_register("class_temperature", {"positivity"})
-def _class_temperature(positivity: Positivity = "log") -> Parameterization:
-    _check_positivity(positivity)
+@_register("class_temperature", {"positivity", "tau_max"})
+def _class_temperature(positivity: Positivity = "log", tau_max: float = 20.0) -> Parameterization:
+    _check_positivity(positivity, tau_max)
     return Parameterization(
         name="class_temperature",
         positivity=positivity,
+        tau_max=float(tau_max),
         has_tau=True,
         per_class_tau=True,
         _keys=("tau_raw",),
@@ -214,15 +245,18 @@ def _shift() -> Parameterization:
     return Parameterization(name="shift", has_shift=True, _keys=("shift",))
 
 
-@_register("affine", {"form", "positivity"})
-def _affine(form: Form = "scale_shift", positivity: Positivity = "log") -> Parameterization:
-    _check_positivity(positivity)
+@_register("affine", {"form", "positivity", "tau_max"})
+def _affine(
+    form: Form = "scale_shift", positivity: Positivity = "log", tau_max: float = 20.0
+) -> Parameterization:
+    _check_positivity(positivity, tau_max)
     if form not in ("scale_shift", "shift_scale"):
         raise ValueError(f"form must be 'scale_shift' (z/τ + l) or 'shift_scale' ((z + l)/τ), got {form!r}")
     return Parameterization(
         name="affine",
         form=form,
         positivity=positivity,
+        tau_max=float(tau_max),
         has_tau=True,
         per_class_tau=True,
         has_shift=True,
@@ -233,9 +267,9 @@ def _affine(form: Form = "scale_shift", positivity: Positivity = "log") -> Param
 NAMES: tuple[str, ...] = tuple(_FACTORIES)
 
 
-def get(name: str, **options: str) -> Parameterization:
+def get(name: str, **options: str | float) -> Parameterization:
     """The parameterization registered as ``name`` (see the module table), with ``options``
-    (``form`` for "affine"; ``positivity`` for those with a temperature)."""
+    (``form`` for "affine"; ``positivity`` and ``tau_max`` for those with a temperature)."""
     if name not in _FACTORIES:
         raise ValueError(f"unknown alpha parameterization {name!r}; choose one of {list(NAMES)}")
     unknown = set(options) - _OPTIONS[name]

@@ -9,6 +9,11 @@ ValueError when no row is kept (a mean over nothing has no value to return).
 - ``cross_entropy``:      mean_i −Σ_j q_ij log softmax(z_i)_j, q = (1 − ε) onehot + ε/V
 - ``confidence_penalty``: CE − β·entropy (Pereyra et al. 2017), over the same rows
 - ``estimate_bin_accuracy`` / ``ece_regularizer``: the RCFT E-step and M-step (CFT paper)
+- ``soft_binned_ece``:    a differentiable ECE (soft bin memberships; Karandikar et al. 2021)
+- ``CALIBRATION_LOSSES`` / ``calibration_loss(name)``: the losses a calibration parameter can be
+  fitted to, each ``(logits (N, K), labels (N,)) -> scalar`` to minimize: ``"entropy"``
+  (−mean entropy, CALM's upper level; its optimum is the uniform distribution, so it needs a
+  constraint such as CALM's lower level), ``"nll"`` and ``"soft_ece"`` (optimum at calibration)
 """
 
 from __future__ import annotations
@@ -22,11 +27,14 @@ from calibration._checks import check_n_bins
 from calibration.binning import bin_index
 
 __all__ = [
+    "CALIBRATION_LOSSES",
+    "calibration_loss",
     "confidence_penalty",
     "cross_entropy",
     "ece_regularizer",
     "entropy",
     "estimate_bin_accuracy",
+    "soft_binned_ece",
 ]
 
 
@@ -252,3 +260,68 @@ def ece_regularizer(
         0, bins, keep.to(probs.dtype)
     )
     return (per_sample / count[bins].clamp_min(1)).sum()
+
+
+# --- losses a calibration parameter is fitted to ------------------------------------------
+
+
+def soft_binned_ece(
+    logits: torch.Tensor, labels: torch.Tensor, n_bins: int = 15, width: float | None = None
+) -> torch.Tensor:
+    """A differentiable ECE: confidence bins with soft memberships (Karandikar et al., "Soft
+    Calibration Objectives for Neural Networks", NeurIPS 2021).
+
+        c_i = max_j softmax(z_i)_j,   a_i = 1[argmax_j z_ij = y_i]   (a carries no gradient)
+        w_ib = softmax_b(−(c_i − m_b)² / width)      m_b = bin centres (2b + 1) / (2B)
+        ECE_soft = Σ_b (Σ_i w_ib / N) · |Σ_i w_ib (a_i − c_i)| / Σ_i w_ib
+
+    As width → 0 the memberships become the hard equal-width bins and ECE_soft the binned
+    conf-ECE of `calibration.metrics`. Default width = (1 / B)² / 4, a soft band about half a
+    bin wide. Its minimum is at a calibrated predictor, not at the uniform distribution.
+    logits (N, K), labels (N,) int; returns a scalar differentiable in logits.
+    """
+    check_n_bins(n_bins)
+    if logits.ndim != 2 or logits.shape[0] == 0:
+        raise ValueError(f"logits must be (N, K) with N ≥ 1, got shape {tuple(logits.shape)}")
+    _flatten_for_ce(logits, labels, ignore_index=-100)  # shape, dtype and range checks
+    if (labels == -100).any():
+        raise ValueError("soft_binned_ece: every row needs a label (no ignore_index rows)")
+    width = (1.0 / n_bins) ** 2 / 4 if width is None else width
+    if not (math.isfinite(width) and width > 0):
+        raise ValueError(f"width must be a positive finite number, got {width}")
+    p = F.softmax(logits, dim=-1)
+    conf = p.max(dim=-1).values
+    correct = (logits.argmax(dim=-1) == labels).to(p.dtype)
+    centres = (torch.arange(n_bins, dtype=p.dtype, device=p.device) + 0.5) / n_bins
+    w = F.softmax(-(conf[:, None] - centres[None, :]).square() / width, dim=-1)  # (N, B)
+    mass = w.sum(0)  # (B,)
+    gap = (w * (correct - conf)[:, None]).sum(0)  # Σ_i w_ib (a_i − c_i)
+    return (gap.abs() * (mass > 0)).sum() / logits.shape[0]
+
+
+def _neg_entropy(logits: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
+    return -entropy(logits)
+
+
+def _nll(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    return cross_entropy(logits, labels)
+
+
+CALIBRATION_LOSSES = {
+    "entropy": _neg_entropy,
+    "nll": _nll,
+    "soft_ece": soft_binned_ece,
+}
+# whether the loss reads the labels (entropy does not: CALM's upper level is label-free)
+USES_LABELS = {"entropy": False, "nll": True, "soft_ece": True}
+
+
+def calibration_loss(name: str):
+    """The loss ``(logits (N, K), labels (N,)) -> scalar`` registered as ``name``
+    (``CALIBRATION_LOSSES``): "entropy" = −mean entropy, "nll" = mean cross-entropy of the
+    labels, "soft_ece" = `soft_binned_ece`."""
+    if name not in CALIBRATION_LOSSES:
+        raise ValueError(
+            f"unknown calibration loss {name!r}; choose one of {sorted(CALIBRATION_LOSSES)}"
+        )
+    return CALIBRATION_LOSSES[name]

@@ -2,7 +2,7 @@
 
 Precedence: dataclass defaults < ``--config FILE`` (YAML or JSON, nested by section, or a preset
 name such as ``tiny``) < explicit command-line flags. Every field becomes one flag whose name is
-the field name with dashes (``alpha_scope`` -> ``--alpha-scope``); flag names are unique across
+the field name with dashes (``alpha_support`` -> ``--alpha-support``); flag names are unique across
 sections so the CLI stays flat while files and ``config.json`` stay nested.
 
 `validate` checks every value (and the combinations that cannot work) before any model is loaded,
@@ -132,7 +132,10 @@ class DataConfig:
 class TrainConfig:
     steps: int = opt(24, "optimizer steps per trained method")
     batch_size: int = opt(8, "training questions per micro-batch")
-    calib_batch_size: int = opt(4, "calibration questions per upper-level batch")
+    calib_batch_size: int = opt(
+        0, "calibration questions per upper-level batch (0 = --batch-size: a 4-question "
+        "upper batch was measured too noisy to move α)"
+    )
     eval_batch_size: int = opt(64, "most questions per evaluation batch")
     eval_tokens: int = opt(
         2048, "token budget of an evaluation batch (padded prefix + continuation tokens; "
@@ -182,19 +185,59 @@ class CalmConfig:
         "algebraic form of the affine α (reconstruction: the paper does not say)",
         choices=("z/tau+l", "(z+l)/tau"),
     )
-    alpha_scope: str = opt(
-        "vocab",
-        "α over the full vocabulary or only the option-letter tokens (letter mode only)",
-        choices=("vocab", "options"),
+    alpha_support: str = opt(
+        "answer_tokens",
+        "vocabulary entries α may change: the tokens at answer positions of the training and "
+        "calibration data (the rest stay at identity), the full vocabulary, or (letter mode) "
+        "the option letters",
+        choices=("answer_tokens", "vocab", "options"),
+    )
+    alpha_positivity: str = opt(
+        "bounded",
+        "τ from its raw parameter: exp (unbounded), softplus, or exp(b·tanh(raw/b)) with "
+        "b = log(--alpha-tau-max) (τ cannot leave (1/τmax, τmax))",
+        choices=("log", "softplus", "bounded"),
+    )
+    alpha_tau_max: float = opt(20.0, "bound of τ for --alpha-positivity bounded (> 1)")
+    alpha_decay: float = opt(
+        0.0, "prior pulling α to identity: f + δ·½‖α − identity‖² (raw parameters)"
+    )
+    alpha_grad_clip: float = opt(
+        0.0, "clip every entry of α's direction to [−c, c] before its optimizer (0 = off)"
+    )
+    alpha_acts: str = opt(
+        "lower_and_inference",
+        "where α acts: on the vocabulary logits in the lower CE, the upper objective and at "
+        "inference (reconstruction of the paper); in the upper objective and at inference only "
+        "(extension: θ sees α only through the coupling); or on the option scores in the upper "
+        "objective and at inference (extension: a bilevel-trained option temperature/shift)",
+        choices=("lower_and_inference", "upper_and_inference", "options"),
     )
     alpha_at_inference: bool = opt(True, "apply the learned α when predicting")
+    eval_without_alpha: bool = opt(
+        True, "also evaluate each trained CALM variant without α (row METHOD:no_alpha)"
+    )
     alpha_lr: float = opt(1e-2, "learning rate of α")
     alpha_optimizer: str = opt("adam", "optimizer of α", choices=("adam", "sgd", "adamw"))
+    bome_optimizer: str = opt(
+        "separate",
+        "how CALM's directions are applied: θ by --optimizer and α by --alpha-optimizer "
+        "(separate), or plain SGD on the joint direction u ← u − ξ·(∇f + λ∇q̂) as BOME's "
+        "analysis assumes (sgd; ξ = --bome-lr with the schedule, no clipping)",
+        choices=("separate", "sgd"),
+    )
+    bome_lr: float = opt(0.05, "ξ, the step size of --bome-optimizer sgd")
     upper_objective: str = opt(
         "options",
-        "upper level: entropy of the α-adjusted option distribution, or (cloze) of the "
+        "what the upper loss reads: the α-adjusted option distribution, or (cloze) the "
         "next-token distributions at the answer tokens",
         choices=("options", "answer_tokens"),
+    )
+    upper_loss: str = opt(
+        "entropy",
+        "upper-level loss: −entropy (the paper's), or, as extensions with their optimum at "
+        "calibration rather than at uniform, the calibration-set NLL or a soft-binned ECE",
+        choices=("entropy", "nll", "soft_ece"),
     )
     inner_steps: int = opt(2, "inner (lower-level) gradient steps per outer step (T)")
     inner_lr: float = opt(0.05, "inner step size β on θ")
@@ -227,6 +270,16 @@ class Config:
     checkpoint_every: int = opt(10, "save a checkpoint every k optimizer steps (0 = off)")
     n_bins: int = opt(10, "bins of the ECE metrics and reliability diagrams")
     n_boot: int = opt(200, "bootstrap resamples for the ECE intervals")
+    select: list[str] = opt(
+        [],
+        "choose an option by the calibration split: KEY=V1,V2,... (e.g. eta=0.1,0.5,0.9) trains "
+        "each value of every trained method, keeps the one with the lowest calibration-split "
+        "NLL and reports all (several KEY=... entries form a grid)",
+    )
+    report_to: str = opt(
+        "none", "also log each training step to TensorBoard (runs/<dir>/tensorboard)",
+        choices=("none", "tensorboard"),
+    )
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
@@ -264,7 +317,7 @@ class Config:
 
 
 # top-level options that do not change results (`Config.comparable` leaves them out)
-RUN_ONLY = ("out", "resume", "force_resume", "checkpoint_every", "fsdp")
+RUN_ONLY = ("out", "resume", "force_resume", "checkpoint_every", "fsdp", "report_to")
 # options read only when metrics are computed from predictions: a resume may change them
 EVAL_ONLY = ("n_bins", "n_boot")
 
@@ -538,8 +591,7 @@ def validate(cfg: Config) -> None:
         _check(t.steps >= 1, f"--steps: must be >= 1 to train {trains}")
         _check(d.n_train >= 1, f"--n-train: must be >= 1 to train {trains}")
     _check(t.lr > 0, f"--lr: must be positive, got {t.lr}")
-    _check(t.batch_size >= 1 and t.calib_batch_size >= 1 and t.eval_batch_size >= 1,
-           "batch sizes must be at least 1")
+    _check(t.batch_size >= 1 and t.eval_batch_size >= 1, "batch sizes must be at least 1")
     _check(t.eval_tokens >= 1, f"--eval-tokens: must be at least 1, got {t.eval_tokens}")
     _check(t.grad_accum >= 1, "--grad-accum: must be at least 1")
     _check(t.warmup_ratio < 1, "--warmup-ratio: must be < 1")
@@ -555,12 +607,25 @@ def validate(cfg: Config) -> None:
         _check(c.itd_truncate <= c.inner_steps,
                f"--itd-truncate {c.itd_truncate}: more than the {c.inner_steps} inner steps "
                "(--inner-steps); use at most that many, or 0 for all")
-    if c.alpha_scope == "options":
+    if c.alpha_support == "options":
         _check(
             d.mode == "letter",
-            "--alpha-scope options needs --mode letter (in cloze mode the answer is scored over "
-            "the whole vocabulary, so α must be over the vocabulary: --alpha-scope vocab)",
+            "--alpha-support options needs --mode letter (in cloze mode the answer is scored over "
+            "the vocabulary: --alpha-support answer_tokens or vocab)",
         )
+    _check(c.alpha_tau_max > 1, f"--alpha-tau-max: must be > 1, got {c.alpha_tau_max}")
+    _check(c.bome_lr > 0, f"--bome-lr: must be positive, got {c.bome_lr}")
+    if c.alpha_acts == "options":
+        _check(c.upper_objective == "options",
+               "--alpha-acts options puts α on the option scores; it needs --upper-objective "
+               "options (answer_tokens reads the vocabulary logits)")
+    if c.upper_loss == "soft_ece":
+        _check(c.upper_objective == "options",
+               "--upper-loss soft_ece is an option-level ECE; it needs --upper-objective options")
+    if cfg.report_to == "tensorboard":
+        _check(importlib.util.find_spec("tensorboard") is not None,
+               "--report-to tensorboard: needs the tensorboard package (pip install tensorboard)")
+    select_grid(cfg)  # raises ConfigError for a bad --select
     if t.label_smoothing_scope == "options":
         _check(d.mode == "letter" and not d.instruction_data,
                "--label-smoothing-scope options needs --mode letter and MCQA training data")
@@ -616,3 +681,67 @@ def needs_second_order(cfg: Config) -> bool:
     """True when some method differentiates through gradients (eager attention required)."""
     calm_like = {"calm", "calm_scalar"}
     return cfg.calm.solver in ("itd", "aid") and bool(calm_like & set(cfg.methods))
+
+
+def calib_batch_size(cfg: Config) -> int:
+    """Calibration questions per upper-level batch: --calib-batch-size, or --batch-size when 0."""
+    return cfg.train.calib_batch_size or cfg.train.batch_size
+
+
+def select_grid(cfg: Config) -> list[dict[str, Any]]:
+    """``--select KEY=V1,V2 ...`` as the list of ``{section.field: value}`` points of the grid
+    (the cartesian product of the entries); ``[]`` without --select.
+
+    Keys are option names as in the CLI without dashes (``eta``, ``alpha_lr``, ``alpha-decay``);
+    values are parsed with the option's type and validated like the option itself.
+    """
+    if not cfg.select:
+        return []
+    by_name = {f.name: (sec, f) for sec, f in _leaf_fields() if sec}
+    axes: list[list[tuple[str, Any]]] = []
+    seen: set[str] = set()
+    for entry in cfg.select:
+        _check("=" in entry, f"--select: expected KEY=V1,V2,..., got {entry!r}")
+        key, values = entry.split("=", 1)
+        key = key.strip().lstrip("-").replace("-", "_")
+        _check(key in by_name and by_name[key][0] in ("train", "calm"),
+               f"--select {entry}: {key!r} is not a train or calm option")
+        _check(key not in seen, f"--select: {key!r} is given twice")
+        seen.add(key)
+        sec, f = by_name[key]
+        t = _type_of(f)
+        _check(t in (int, float, str), f"--select {entry}: {key} is not a number or choice option")
+        parsed = []
+        for v in (x.strip() for x in values.split(",")):
+            try:
+                parsed.append(t(v))
+            except ValueError:
+                raise ConfigError(f"--select {entry}: {v!r} is not a valid {t.__name__}") from None
+        _check(len(parsed) >= 2 and len(set(parsed)) == len(parsed),
+               f"--select {entry}: give at least two distinct values")
+        axes.append([(f"{sec}.{key}", v) for v in parsed])
+    _check(any(m not in ("none", "ts") for m in cfg.methods),
+           "--select: no trained method in --methods to select for")
+    import itertools
+
+    points = [dict(p) for p in itertools.product(*axes)]
+    for point in points:  # each value must pass the option's own validation
+        try:
+            validate(dataclasses.replace(with_overrides(cfg, point), select=[]))
+        except ConfigError as e:
+            raise ConfigError(f"--select {point}: {e}") from None
+    return points
+
+
+def with_overrides(cfg: Config, point: dict[str, Any]) -> Config:
+    """A copy of `cfg` with ``{section.field: value}`` applied."""
+    out = dataclasses.replace(cfg, **{s: dataclasses.replace(getattr(cfg, s)) for s in SECTIONS})
+    for key, value in point.items():
+        sec, name = key.split(".")
+        setattr(getattr(out, sec), name, value)
+    return out
+
+
+def variant_name(method: str, point: dict[str, Any]) -> str:
+    """The row name of one --select point, e.g. ``calm@eta=0.1``."""
+    return method + "@" + ",".join(f"{k.split('.')[1]}={v}" for k, v in point.items())

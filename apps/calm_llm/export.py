@@ -3,7 +3,7 @@
 ``export_method(dir, lm, method)`` writes
   ``dir/adapter/``          peft ``save_pretrained`` (load with ``PeftModel.from_pretrained`` on the
                             same base model, or ``AutoPeftModelForCausalLM``),
-  ``dir/alpha.safetensors`` α tensors, and ``dir/alpha.json`` (parameterization, form, scope,
+  ``dir/alpha.safetensors`` α tensors, and ``dir/alpha.json`` (parameterization, form, positivity, support,
                             option ids, whether α applies at inference).
 ``AlphaLogitsProcessor.from_dir(dir)`` applies α to the next-token scores during ``generate``::
 
@@ -39,7 +39,10 @@ def export_method(out_dir: str | Path, lm: Any, method: Any) -> Path:
         meta = {
             "param": name,
             "form": c.alpha_form if name == "affine" else None,
-            "scope": c.alpha_scope,
+            "positivity": None if name == "shift" else c.alpha_positivity,
+            "tau_max": None if name == "shift" else c.alpha_tau_max,
+            "support": c.alpha_support,
+            "acts_on": alpha.on,
             "class_ids": None if alpha.class_ids is None else alpha.class_ids.tolist(),
             "alpha_at_inference": c.alpha_at_inference,
             "method": method.name,
@@ -54,7 +57,7 @@ class AlphaLogitsProcessor(LogitsProcessor):
     Args:
         param: a ``calibration.alpha`` parameterization.
         params: its tensors (as returned by ``param.init`` and trained).
-        class_ids: the vocabulary columns α acts on (option scope) or None (every column).
+        class_ids: the vocabulary columns α acts on (a support) or None (every column).
     """
 
     def __init__(self, param: Any, params: dict[str, torch.Tensor], class_ids: torch.Tensor | None = None):
@@ -78,7 +81,16 @@ class AlphaLogitsProcessor(LogitsProcessor):
                 f"{d}: this run used --no-alpha-at-inference (α only shaped training), so the "
                 "calibrated model is the adapter alone; pass force=True to apply α anyway"
             )
+        if meta.get("acts_on", "vocab") != "vocab":
+            raise ValueError(
+                f"{d}: this α acts on the option scores (--alpha-acts options), not on the "
+                "vocabulary logits, so it has no next-token form for generate(); apply it to "
+                "the option scores with calibration.alpha"
+            )
         kwargs = {"form": FORMS[meta["form"]]} if meta.get("form") else {}
+        for key in ("positivity", "tau_max"):
+            if meta.get(key) is not None:
+                kwargs[key] = meta[key]
         param = calibration_alpha.get(meta["param"], **kwargs)
         params = {n: t.to(device) for n, t in load_file(str(d / "alpha.safetensors")).items()}
         ids = meta.get("class_ids")

@@ -8,23 +8,36 @@ failure later loses nothing already evaluated.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from calibration import metrics as calibration_metrics
+
 from . import checkpoint, distributed, evaluate, export
 from . import methods as method_registry
 from . import model as model_lib
-from .config import Config, data_files, data_hub, differences, needs_second_order
+from .config import (
+    Config,
+    data_files,
+    data_hub,
+    differences,
+    needs_second_order,
+    select_grid,
+    variant_name,
+    with_overrides,
+)
 from .data import Collator, budget_batches, load_source, make_splits
 from .data.splits import manifest_changes
+from .history import HistoryWriter, plot_training
 from .io import atomic_write_text, read_json, read_tensors
 from .methods.base import Context, Method
 
@@ -132,6 +145,11 @@ def check_resume_splits(cfg: Config, run_dir: Path, manifest: dict[str, Any], d:
         os.replace(path, run_dir / "splits.before-resume.json")
 
 
+def base_method(row: str) -> str:
+    """The method a results row belongs to: ``calm@eta=0.1:no_alpha`` -> ``calm``."""
+    return row.split("@", 1)[0].split(":", 1)[0]
+
+
 # -- data ----------------------------------------------------------------------------------------
 def load_data(cfg: Config):
     """Sources → splits (train / calib / per-source test / OOD), deterministic in the seed."""
@@ -207,6 +225,9 @@ def train_method(
         start, history = checkpoint.restore(ckpt_dir, method=method, lm=ctx.lm,
                                             config_hash=config_hash)
         log(f"[{method.name}] resumed from {ckpt_dir} at step {start}", ctx.dist)
+    record = HistoryWriter(run_dir, method.name, enabled=ctx.dist.main,
+                           tensorboard=cfg.report_to == "tensorboard")
+    record.start(history)  # the file holds the kept steps: no gap, no step twice
     last_good = str(ckpt_dir) if checkpoint.exists(ckpt_dir) else "none (no checkpoint yet)"
     bar = tqdm(range(start, cfg.train.steps), desc=method.name, initial=start,
                total=cfg.train.steps, disable=not ctx.dist.main, file=sys.stderr)
@@ -226,6 +247,7 @@ def train_method(
                     f"last good checkpoint: {last_good}"
                 )
             history.append({"step": k + 1, **{key: float(v) for key, v in info.items()}})
+            record.append(history[-1])
             bar.set_postfix(loss=f"{loss:.4f}")
             done = k + 1
             if cfg.checkpoint_every and (done % cfg.checkpoint_every == 0 or done == cfg.train.steps):
@@ -234,6 +256,9 @@ def train_method(
                                     config_hash=config_hash, history=history)
                 ctx.dist.barrier()
                 last_good = f"{ckpt_dir} (step {done})"
+    record.close()
+    if ctx.dist.main and history:
+        plot_training(history, run_dir / f"training_{method.name}.png", title=method.name)
     return history
 
 
@@ -278,6 +303,42 @@ def reevaluate(
     return changed
 
 
+def selects(cls: type, grid: list[dict[str, Any]]) -> bool:
+    """Whether a --select grid applies to a method: it trains, and (for calm.* options) it is
+    one of the CALM family, the only methods that read them."""
+    if not cls.trains:
+        return False
+    calm_keys = any(k.startswith("calm.") for k in grid[0])
+    return not calm_keys or hasattr(cls, "without_alpha")
+
+
+def choose_variant(
+    name: str,
+    rows: list[str],
+    points: list[dict[str, Any]],
+    results: dict[str, dict[str, Any]],
+    predictions: dict[str, dict[str, tuple[torch.Tensor, torch.Tensor]]],
+    extra: dict[str, Any],
+) -> str:
+    """``--select``: row ``name`` (and ``name:no_alpha``) become the variant with the lowest
+    calibration-split NLL; every variant stays reported, and ``extra["selection"][name]``
+    records the choice. Reads nothing but each variant's ``calib_nll``."""
+    nll = {row: float(next(iter(results[row].values()))["calib_nll"]) for row in rows}
+    best = min(rows, key=lambda r: (nll[r], rows.index(r)))  # ties: the first value given
+    for suffix in ("", ":no_alpha"):
+        if best + suffix in results:
+            results[name + suffix] = {ds: {**r, "selected": best}
+                                      for ds, r in results[best + suffix].items()}
+            # copies: safetensors refuses two names for one storage
+            predictions[name + suffix] = {ds: (p.clone(), y.clone()) for ds, (p, y)
+                                          in predictions[best + suffix].items()}
+    extra.setdefault("selection", {})[name] = {
+        "by": "calibration-split NLL", "chosen": best,
+        "points": [{"row": r, **p, "calib_nll": nll[r]} for r, p in zip(rows, points)],
+    }
+    return best
+
+
 def run(cfg: Config) -> dict[str, Any]:
     """The whole run; returns ``{"results": ..., "run_dir": ...}``. Writes as it goes."""
     dist = distributed.init(fsdp=cfg.fsdp)
@@ -310,10 +371,13 @@ def run(cfg: Config) -> dict[str, Any]:
     if resume and metrics_path.is_file():
         saved_all = read_json(metrics_path, RESULTS_FIX)
         extra["zero_shot_accuracy"] = saved_all.get("zero_shot_accuracy", {})
+        if "selection" in saved_all:
+            extra["selection"] = saved_all["selection"]
         saved = saved_all.get("results", {})
         saved_preds = _load_predictions(run_dir / "predictions.safetensors")
-        for m in cfg.methods:
-            if m in saved and m in saved_preds:
+        for m in saved:
+            # rows derived from a method (calm@eta=0.1, calm:no_alpha) are kept with it
+            if base_method(m) in cfg.methods and m in saved_preds:
                 results[m], predictions[m] = saved[m], saved_preds[m]
                 log(f"[{m}] already evaluated in {run_dir}; kept", dist)
         if reevaluate(results, predictions, n_bins=cfg.n_bins, n_boot=cfg.n_boot) and dist.main:
@@ -363,42 +427,74 @@ def run(cfg: Config) -> dict[str, Any]:
             log(f"zero-shot accuracy on {es.name} ({es.domain}, n={len(y)}): {acc:.3f} "
                 f"(chance {chance:.3f})", dist)
 
-    for index, name in enumerate(cfg.methods):
-        if name in results:
-            continue
-        lm.load_inner(init_lora)
-        torch.manual_seed(cfg.seed + 1000 * (index + 1))
-        method = method_registry.get(name)(ctx)
-        method.predict = lambda ex, _m=method: predict_option_logits(ctx, _m, ex)  # for RCFT's E-step
-        t0 = time.time()
-        if method.trains:
-            method.history = train_method(method, ctx, run_dir=run_dir, config_hash=config_hash,
-                                          resume=resume)
-        method.after_training(lambda ex, _m=method: predict_option_logits(ctx, _m, ex))
-        # every rank took the same steps; a drift here would make rank 0's results not the run's
-        dist.check_identical({**lm.inner(), **method.outer_params()}, f"[{name}] after training")
-        untouched = not method.trains
-        preds, res = {}, {}
-        for es in eval_sets:
-            if untouched:
-                ol, y = base_logits(es, method)
-            else:
-                ol, y = predict_option_logits(ctx, method, es.examples, f"{name} {es.name}")
-            probs = probabilities(method, ol)
-            preds[es.name] = (probs, y.clone())  # cached labels are shared between methods
-            res[es.name] = {
-                **evaluate.dataset_metrics(probs, y, domain=es.domain, n_bins=cfg.n_bins,
-                                           n_boot=cfg.n_boot),
-                **method.extras,
-            }
-        results[name], predictions[name] = res, preds
+    def evaluate_method(method: Method, row: str, mctx: Context) -> None:
+        """Predict every evaluation set with `method` as row ``row`` (and, for a trained CALM
+        variant, again without α as ``row:no_alpha``); write the results at once."""
+        passes = [(row, contextlib.nullcontext())]
+        if (method.trains and hasattr(method, "without_alpha") and cfg.calm.eval_without_alpha
+                and method.alpha_in_use):
+            passes.append((f"{row}:no_alpha", method.without_alpha()))
+        for name, scope in passes:
+            preds, res = {}, {}
+            with scope:
+                for es in eval_sets:
+                    if not method.trains:
+                        ol, y = base_logits(es, method)
+                    else:
+                        ol, y = predict_option_logits(mctx, method, es.examples, f"{name} {es.name}")
+                    probs = probabilities(method, ol)
+                    preds[es.name] = (probs, y.clone())  # cached labels are shared between methods
+                    res[es.name] = {
+                        **evaluate.dataset_metrics(probs, y, domain=es.domain, n_bins=cfg.n_bins,
+                                                   n_boot=cfg.n_boot),
+                        **method.extras,
+                    }
+            results[name], predictions[name] = res, preds
         if dist.main:
             evaluate.write_results(run_dir, results, predictions, n_bins=cfg.n_bins, extra=extra)
-            if method.trains:
-                export.export_method(run_dir / "export" / name, lm, method)
+
+    def run_method(base: str, row: str, mctx: Context, index: int, *, select: bool) -> None:
+        """Train (resumably), fit, predict, write and export one method as row ``row``."""
+        lm.load_inner(init_lora)
+        # the same seed for every --select variant of a method: they differ only by the setting
+        torch.manual_seed(cfg.seed + 1000 * (index + 1))
+        method = method_registry.get(base)(mctx)
+        method.name = row  # checkpoints/, history_<row>.jsonl, export/<row>
+        method.predict = lambda ex, _m=method: predict_option_logits(mctx, _m, ex)  # RCFT's E-step
+        t0 = time.time()
+        if method.trains:
+            method.history = train_method(method, mctx, run_dir=run_dir, config_hash=config_hash,
+                                          resume=resume)
+        method.after_training(lambda ex, _m=method: predict_option_logits(mctx, _m, ex))
+        # every rank took the same steps; a drift here would make rank 0's results not the run's
+        dist.check_identical({**lm.inner(), **method.outer_params()}, f"[{row}] after training")
+        if select:  # the only number a --select choice may read: the calibration split's NLL
+            ol, y = predict_option_logits(mctx, method, mctx.calib_examples, f"{row} calib")
+            method.extras["calib_nll"] = calibration_metrics.nll(probabilities(method, ol), y)
+        evaluate_method(method, row, mctx)
+        if dist.main and method.trains:
+            export.export_method(run_dir / "export" / row, lm, method)
+        res = results[row]
         accs = ", ".join(f"{ds} acc {r['accuracy']:.3f} ece {r['conf_ece']:.3f}" for ds, r in res.items())
-        log(f"[{name}] done in {time.time() - t0:.0f}s: {accs}", dist)
+        log(f"[{row}] done in {time.time() - t0:.0f}s: {accs}", dist)
         dist.barrier()
+
+    grid = select_grid(cfg)
+    for index, name in enumerate(cfg.methods):
+        if not (grid and selects(method_registry.get(name), grid)):
+            if name not in results:
+                run_method(name, name, ctx, index, select=False)
+            continue
+        rows = [variant_name(name, point) for point in grid]
+        for row, point in zip(rows, grid):
+            if row not in results:
+                run_method(name, row, replace(ctx, cfg=with_overrides(cfg, point)), index,
+                           select=True)
+        choose_variant(name, rows, grid, results, predictions, extra)
+        if dist.main:
+            evaluate.write_results(run_dir, results, predictions, n_bins=cfg.n_bins, extra=extra)
+        log(f"[{name}] --select chose {extra['selection'][name]['chosen']} by calibration-split "
+            f"NLL", dist)
     lm.load_inner(init_lora)
     table = evaluate.render_table(results)
     if dist.main:

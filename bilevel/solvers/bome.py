@@ -123,6 +123,13 @@ class BOME:
         # λ is float32 for half-precision leaves (see tree.dot_list); keep each leaf's dtype.
         direction = [a + lam.to(b.dtype) * b for a, b in zip(df, dq)]
 
+        # The same products split into the outer (α) and inner (θ) blocks: which block carries
+        # the conflict between f and q̂ is what decides whether λ ever leaves η.
+        parts = {}
+        for block, sl in (("outer", slice(None, na)), ("inner", slice(na, None))):
+            parts[f"upper_grad_norm_{block}"] = tree.sq_norm_list(df[sl]).sqrt()
+            parts[f"q_grad_norm_{block}"] = tree.sq_norm_list(dq[sl]).sqrt()
+            parts[f"upper_q_dot_{block}"] = tree.dot_list(df[sl], dq[sl])
         info = tape.finish(
             {
                 "lambda": lam,
@@ -134,8 +141,13 @@ class BOME:
                 "upper_grad_norm": tree.sq_norm_list(df).sqrt(),
                 "q_grad_norm": dq_sq.sqrt(),
                 "upper_q_dot": df_dq,
+                **parts,
             }
         )
+        for block in ("", "_outer", "_inner"):
+            # cos(∇f, ∇q̂) per block; 0 where a block's gradient vanishes (e.g. no α in g)
+            den = info[f"upper_grad_norm{block}"] * info[f"q_grad_norm{block}"]
+            info[f"cos{block}"] = info[f"upper_q_dot{block}"] / den if den > 0 else 0.0
         return StepResult(
             outer_grad=tree.unflatten(direction[:na], ospec),
             inner_grad=tree.unflatten(direction[na:], ispec),

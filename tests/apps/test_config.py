@@ -61,7 +61,7 @@ def test_saved_config_round_trips(tmp_path):
         (["--solver", "newton"], "--solver"),
         (["--lr", "-1"], "--lr"),
         (["--lr", "0"], "--lr"),
-        (["--alpha-scope", "options"], "--alpha-scope options needs --mode letter"),
+        (["--alpha-support", "options"], "--alpha-support options needs --mode letter"),
         (["--upper-objective", "answer_tokens", "--mode", "letter"], "answer_tokens"),
         (["--in-domain", "nosuchset"], "nosuchset"),
         (["--solver", "aid", "--attn-implementation", "sdpa"], "double"),

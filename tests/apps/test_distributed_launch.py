@@ -62,7 +62,7 @@ def test_accelerate_launch_two_processes_writes_the_single_process_metrics(
     assert proc.stdout.count("In-domain") == 1  # rank 0 alone prints the table
     got = json.loads((tmp_path / "metrics.json").read_text())
     assert got["zero_shot_accuracy"] == single["zero_shot_accuracy"]
-    assert got["results"].keys() == single["results"].keys() == {"calm"}
+    assert got["results"].keys() == single["results"].keys() == {"calm", "calm:no_alpha"}
     for method, per_ds in single["results"].items():
         assert got["results"][method].keys() == per_ds.keys()
         for ds, ref in per_ds.items():

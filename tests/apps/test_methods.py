@@ -35,7 +35,7 @@ def cloze():
 
 @pytest.fixture(scope="module")
 def letter():
-    return make_ctx("letter", "--alpha-scope", "options")
+    return make_ctx("letter", "--alpha-support", "options")
 
 
 def test_lr_schedule_warmup_then_cosine():
@@ -105,14 +105,14 @@ def test_calm_family_moves_alpha_and_lora(name, cloze):
 
 @pytest.mark.parametrize("solver", ["itd", "aid"])
 def test_second_order_solvers_on_the_same_problem(solver):
-    ctx = make_ctx("letter", "--solver", solver, "--alpha-scope", "options", eager=True)
+    ctx = make_ctx("letter", "--solver", solver, "--alpha-support", "options", eager=True)
     assert ctx.lm.model.config._attn_implementation == "eager"
     m = methods.get("calm")(ctx)
     _, moved_t, moved_a = _trained_state(m, ctx)
     assert moved_t > 0 and moved_a > 0
 
 
-def test_alpha_scope_options_only_touches_letter_columns(letter):
+def test_alpha_support_options_only_touches_letter_columns(letter):
     m = methods.get("calm")(letter)
     assert m.alpha.class_ids.tolist() == letter.option_token_ids.tolist()
     z = torch.randn(2, 1, letter.lm.vocab_size)

@@ -38,5 +38,5 @@ def test_every_method_end_to_end(tmp_path, capsys):
 
 
 def test_bad_config_fails_before_loading_anything(capsys):
-    assert main(["--alpha-scope", "options", "--mode", "cloze"]) == 2
-    assert "--alpha-scope options needs --mode letter" in capsys.readouterr().err
+    assert main(["--alpha-support", "options", "--mode", "cloze"]) == 2
+    assert "--alpha-support options needs --mode letter" in capsys.readouterr().err

@@ -57,6 +57,14 @@ def test_bome_direction_matches_closed_form_on_the_toy(phi):
     assert torch.allclose(r.inner_grad["t"], expected_inner, rtol=1e-12)
     assert torch.allclose(r.inner_solution["t"], torch.tensor([tT0, t1], dtype=F64), rtol=1e-12)
     assert not r.outer_grad["a"].requires_grad and not r.inner_grad["t"].requires_grad
+    # the products split into the α block and the θ block
+    assert r.info["upper_q_dot_outer"] == pytest.approx(df[0] * dq[0], rel=1e-12)
+    assert r.info["upper_q_dot_inner"] == pytest.approx(df[1] * dq[1] + df[2] * dq[2], rel=1e-12)
+    assert r.info["q_grad_norm_outer"] == pytest.approx(abs(dq[0]), rel=1e-12)
+    assert r.info["upper_grad_norm_inner"] == pytest.approx((df[1] ** 2 + df[2] ** 2) ** 0.5, rel=1e-12)
+    cos = sum(x * y for x, y in zip(df, dq)) / (dq_sq**0.5 * sum(x * x for x in df) ** 0.5)
+    assert r.info["cos"] == pytest.approx(cos, rel=1e-10)
+    assert r.info["cos_outer"] == pytest.approx(1.0 if df[0] * dq[0] > 0 else -1.0, rel=1e-10)
 
 
 def _run(problem, solver, outer, inner, steps, lr):

@@ -7,6 +7,8 @@ import itertools
 import pytest
 import torch
 import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from calibration import alpha
 
@@ -167,3 +169,47 @@ def test_alpha_and_objectives_stay_on_the_gpu():
     loss = loss + objectives.ece_regularizer(probs, acc)
     loss.backward()
     assert all(v.grad is not None and torch.isfinite(v.grad).all() for v in params.values())
+
+
+@given(raw=st.floats(-1e6, 1e6, allow_nan=False), tau_max=st.floats(1.01, 1e3))
+@settings(max_examples=200, deadline=None)
+def test_bounded_tau_stays_inside_its_range(raw, tau_max):
+    p = alpha.get("temperature", positivity="bounded", tau_max=tau_max)
+    tau = float(p.constrained({"tau_raw": torch.tensor(raw, dtype=torch.float64)})["tau"])
+    assert 1.0 / tau_max * (1 - 1e-12) <= tau <= tau_max * (1 + 1e-12)
+
+
+def test_bounded_tau_survives_adversarial_gradients():
+    """SGD with a huge step on a loss that wants τ → ∞ (log) reaches 1e11 at once; bounded stays
+    below tau_max whatever the optimizer does, and starts like the log form."""
+    z = randn(64, 5, dtype=torch.float32)
+    for positivity, stays in (("log", False), ("bounded", True)):
+        p = alpha.get("affine", positivity=positivity, tau_max=20.0)
+        params = {k: v.requires_grad_(True) for k, v in p.init(5).items()}
+        opt = torch.optim.SGD(list(params.values()), lr=1e4)
+        for _ in range(20):
+            opt.zero_grad()
+            # maximizing entropy pushes every τ up without limit
+            logp = F.log_softmax(p.apply(params, z), -1)
+            (logp.exp() * logp).sum(-1).mean().backward()
+            opt.step()
+        tau = p.constrained(params)["tau"].detach()
+        if stays:
+            # tanh saturates to ±1 in float32: the bounds are reached, never passed
+            assert bool((tau <= 20.0).all() and (tau >= 1 / 20.0).all() and torch.isfinite(tau).all())
+        else:
+            assert not bool((tau < 20.0).all())
+    # near identity the bounded form is the log form to second order
+    b = alpha.get("temperature", positivity="bounded", tau_max=20.0)
+    lg = alpha.get("temperature")
+    r = {"tau_raw": torch.tensor(0.01, dtype=torch.float64)}
+    assert float(b.constrained(r)["tau"]) == pytest.approx(float(lg.constrained(r)["tau"]), rel=1e-6)
+
+
+@pytest.mark.parametrize("positivity", ["log", "softplus", "bounded"])
+def test_deviation_is_zero_at_identity_and_half_squared_distance_away(positivity):
+    p = alpha.get("affine", positivity=positivity)
+    params = p.init(4, dtype=torch.float64)
+    assert float(p.deviation(params)) == 0.0
+    moved = {k: v + 0.5 for k, v in params.items()}
+    assert float(p.deviation(moved)) == pytest.approx(0.5 * 0.25 * 8)

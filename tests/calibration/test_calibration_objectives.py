@@ -261,3 +261,27 @@ def test_ece_regularizer_pulls_overconfident_predictions_down():
     conf1 = float(z.detach().softmax(-1).max(-1).values.mean())
     assert conf1 < conf0 - 0.2
     assert conf1 == pytest.approx(0.6, abs=0.06)
+
+
+def test_soft_binned_ece_tends_to_the_binned_ece_and_is_differentiable():
+    from calibration import metrics
+
+    g = torch.Generator().manual_seed(3)
+    z = (torch.randn(500, 4, generator=g, dtype=torch.float64) * 2).requires_grad_(True)
+    y = torch.randint(0, 4, (500,), generator=g)
+    hard = metrics.conf_ece(torch.softmax(z.detach(), -1), y, n_bins=10)
+    assert float(objectives.soft_binned_ece(z.detach(), y, n_bins=10, width=1e-8)) == pytest.approx(
+        hard, abs=1e-6)
+    soft = objectives.soft_binned_ece(z, y, n_bins=10)
+    soft.backward()
+    assert torch.isfinite(z.grad).all() and float(z.grad.abs().sum()) > 0
+
+
+def test_calibration_losses_registry():
+    z = torch.tensor([[2.0, 0.0, -1.0], [0.0, 0.0, 0.0]])
+    y = torch.tensor([0, 2])
+    assert float(objectives.calibration_loss("entropy")(z, y)) == pytest.approx(-float(objectives.entropy(z)))
+    assert float(objectives.calibration_loss("nll")(z, y)) == pytest.approx(
+        float(torch.nn.functional.cross_entropy(z, y)))
+    with pytest.raises(ValueError, match="unknown calibration loss"):
+        objectives.calibration_loss("brier2")

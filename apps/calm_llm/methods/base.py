@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from .. import scoring
-from ..config import Config
+from ..config import Config, calib_batch_size
 from ..data import Batch, Collator, batch_iterator
 from ..distributed import Dist
 from ..model import CausalLM
@@ -97,7 +97,7 @@ class Context:
             # checkpointed layers drop the KV cache a shared prefix lives in: train unshared
             collator = copy.copy(collator)
             collator.share_prefix = False
-        per_rank = t.batch_size if kind == "train" else t.calib_batch_size
+        per_rank = t.batch_size if kind == "train" else calib_batch_size(self.cfg)
         if options is None:
             # cloze training needs only the gold continuation (the CE falls on it alone)
             options = "gold" if (kind == "train" and not self.letter) else "all"

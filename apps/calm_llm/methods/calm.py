@@ -3,6 +3,9 @@
     min_α  f(α, θ*(α)) = − mean entropy of the α-adjusted answer distribution (calibration batch)
     s.t.   θ*(α) ∈ argmin_θ g(α, θ) = completion-only CE of the α-adjusted model (training batch)
 
+(the paper's problem, as reconstructed; ``--upper-loss nll|soft_ece``, ``--alpha-acts`` and
+``--alpha-decay`` are this project's extensions, see docs/calm.md.)
+
 θ = the LoRA tensors (inner variables), α = calibration.alpha parameters on the vocabulary
 logits (outer variables). Solved by ``bilevel.BOME`` (first order) or, with ``--solver``,
 ``bilevel.ITD`` / ``bilevel.AID`` on the same `bilevel.Problem`. Each solver step returns a
@@ -15,7 +18,9 @@ a θ step on g, no coupling term), ``calm_regularization`` (min over (α, θ) of
 
 from __future__ import annotations
 
+import contextlib
 import math
+from collections.abc import Iterator
 
 import torch
 
@@ -23,36 +28,69 @@ import bilevel
 from calibration import objectives
 
 from .. import scoring
-from .alpha_wiring import Alpha, make_alpha
-from .base import Context, Method, finite_option_logits
+from .alpha_wiring import Alpha, answer_token_ids, make_alpha
+from .base import Context, Method, finite_option_logits, gold_only, lr_lambda
 
 
 class CalmObjectives:
-    """The two objectives as plain functions ``(outer, inner, batch) -> scalar``."""
+    """The two objectives as plain functions ``(outer, inner, batch) -> scalar``.
+
+    Where α acts is ``--alpha-acts`` (see `alpha_wiring`); the upper loss is
+    ``calibration.objectives.calibration_loss(--upper-loss)`` plus the prior
+    δ·½‖α − identity‖² (``--alpha-decay``). ``last`` holds the calibration batch's mean
+    entropy and confidence of the α-adjusted option distribution at the last upper call.
+    """
 
     def __init__(self, ctx: Context, alpha: Alpha) -> None:
         self.ctx, self.alpha = ctx, alpha
-
-    def adjusted(self, outer: dict, inner: dict, batch):
-        logits, batch = self.ctx.forward(inner, batch)
-        return self.alpha.apply(self.ctx.dist.sync(outer), logits), batch
+        c = ctx.cfg.calm
+        self.vocab_alpha_lower = c.alpha_acts == "lower_and_inference"
+        self.vocab_alpha_upper = alpha.on == "vocab"
+        self.loss = objectives.calibration_loss(c.upper_loss)
+        self.last: dict[str, float] = {}
 
     def lower(self, outer: dict, inner: dict, batch) -> torch.Tensor:
-        """g: completion-only CE of the α-adjusted model (mean over target tokens)."""
-        z, batch = self.adjusted(outer, inner, batch)
-        return scoring.lm_loss(z, batch)
+        """g: completion-only CE (mean over target tokens), of the α-adjusted model when α
+        acts in the lower level."""
+        logits, batch = self.ctx.forward(inner, batch)
+        if self.vocab_alpha_lower:
+            logits = self.alpha.apply(self.ctx.dist.sync(outer), logits)
+        return scoring.lm_loss(logits, batch)
 
     def upper(self, outer: dict, inner: dict, batch) -> torch.Tensor:
-        """f: minus the mean entropy of the α-adjusted predictive distribution.
+        """f: the upper loss of the α-adjusted predictive distribution on a calibration batch.
 
-        ``upper_objective="options"``: entropy of the softmax over the N questions' option
-        scores (letter: option-letter logits; cloze: option log-likelihoods);
-        ``"answer_tokens"`` (cloze): entropy of the next-token distributions at every answer token.
+        ``upper_objective="options"``: of the softmax over the N questions' option scores
+        (letter: option-letter logits; cloze: option log-likelihoods);
+        ``"answer_tokens"`` (cloze): of the next-token distributions at every answer token
+        (entropy) or at the gold answer's tokens (nll).
         """
-        z, batch = self.adjusted(outer, inner, batch)
-        if self.ctx.cfg.calm.upper_objective == "answer_tokens":
-            return -objectives.entropy(scoring.answer_logits(z, batch))
-        return -objectives.entropy(finite_option_logits(self.ctx.option_logits(z, batch)))
+        c = self.ctx.cfg.calm
+        outer_s = self.ctx.dist.sync(outer)
+        logits, batch = self.ctx.forward(inner, batch)
+        z = self.alpha.apply(outer_s, logits) if self.vocab_alpha_upper else logits
+        if c.upper_objective == "answer_tokens":
+            if c.upper_loss == "nll":
+                f = scoring.lm_loss(z, gold_only(batch))
+            else:
+                f = -objectives.entropy(scoring.answer_logits(z, batch))
+            ol = self.ctx.option_logits(z.detach(), batch)
+        else:
+            ol = self.ctx.option_logits(z, batch)
+            if not self.vocab_alpha_upper:
+                ol = self.alpha.apply(outer_s, ol)
+            f = self.loss(finite_option_logits(ol), batch.labels)
+            ol = ol.detach()
+        if c.alpha_decay > 0:
+            f = f + c.alpha_decay * self.alpha.param.deviation(outer)
+        with torch.no_grad():
+            p = torch.softmax(finite_option_logits(ol.float()), dim=-1)
+            self.last = {
+                "calib_entropy": -(p * p.clamp_min(1e-30).log()).sum(-1).mean(),
+                "calib_confidence": p.max(-1).values.mean(),
+                "calib_accuracy": (p.argmax(-1) == batch.labels).float().mean(),
+            }
+        return f
 
     def problem(self) -> bilevel.Problem:
         return bilevel.Problem(upper=self.upper, lower=self.lower)
@@ -82,16 +120,44 @@ class Calm(Method):
     def __init__(self, ctx: Context) -> None:
         super().__init__(ctx)
         c = ctx.cfg.calm
+        support_ids = None
+        if c.alpha_support == "answer_tokens" and c.alpha_acts != "options":
+            support_ids = self._answer_tokens()
         self.alpha = make_alpha(
-            self.alpha_param or c.alpha_param, c.alpha_form, c.alpha_scope,
+            self.alpha_param or c.alpha_param, c.alpha_form, c.alpha_support,
             vocab_size=ctx.lm.vocab_size, option_token_ids=ctx.option_token_ids,
-            device=ctx.lm.device,
+            device=ctx.lm.device, positivity=c.alpha_positivity, tau_max=c.alpha_tau_max,
+            acts=c.alpha_acts, answer_token_ids=support_ids,
+            n_option_slots=ctx.cfg.data.max_options,
         )
         self.obj = CalmObjectives(ctx, self.alpha)
-        self.theta_optimizer()
-        self.alpha_optimizer(list(self.alpha.params.values()))
+        if c.bome_optimizer == "sgd":
+            self.joint_optimizer()
+        else:
+            self.theta_optimizer()
+            self.alpha_optimizer(list(self.alpha.params.values()))
         self.streams = {"train": ctx.stream("train"), "calib": ctx.stream("calib")}
         self.setup()
+
+    def _answer_tokens(self) -> torch.Tensor:
+        """The support of α: tokens at the answer positions the two levels read (training
+        targets as trained, every calibration option; letter mode adds every option letter)."""
+        ctx = self.ctx
+        train_opts = "gold" if (not ctx.letter or ctx.instruction) else "all"
+        ids = [answer_token_ids(ctx.train_examples, ctx.train_collator, options=train_opts),
+               answer_token_ids(ctx.calib_examples, ctx.collator, options="all")]
+        if ctx.option_token_ids is not None:
+            ids.append(ctx.option_token_ids.cpu())
+        return torch.cat(ids).unique()
+
+    def joint_optimizer(self) -> torch.optim.Optimizer:
+        """``--bome-optimizer sgd``: u ← u − ξ_k · direction for u = (θ, α), ξ_k = --bome-lr
+        times the warmup + decay schedule; no momentum, no clipping (BOME's analysis)."""
+        params = [*self.ctx.lm.inner().values(), *self.alpha.params.values()]
+        opt = torch.optim.SGD(params, lr=self.ctx.cfg.calm.bome_lr)
+        self.optimizers["joint"] = opt
+        self.schedulers["joint"] = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(self.ctx.cfg))
+        return opt
 
     def setup(self) -> None:
         self.problem = self.obj.problem()
@@ -100,10 +166,55 @@ class Calm(Method):
     def outer_params(self) -> dict[str, torch.Tensor]:
         return self.alpha.params
 
+    _no_alpha = False
+
+    @property
+    def alpha_in_use(self) -> bool:
+        """Whether predictions apply α (off by --no-alpha-at-inference or `without_alpha`)."""
+        return self.ctx.cfg.calm.alpha_at_inference and not self._no_alpha
+
+    @contextlib.contextmanager
+    def without_alpha(self) -> Iterator[None]:
+        """Predictions inside the block leave α out (what θ alone contributes)."""
+        self._no_alpha = True
+        try:
+            yield
+        finally:
+            self._no_alpha = False
+
     def vocab_transform(self, logits: torch.Tensor) -> torch.Tensor:
-        if not self.ctx.cfg.calm.alpha_at_inference:
+        if not self.alpha_in_use or self.alpha.on != "vocab":
             return logits
         return self.alpha.apply(self.alpha.params, logits)
+
+    def option_transform(self, option_logits: torch.Tensor) -> torch.Tensor:
+        if not self.alpha_in_use or self.alpha.on != "options":
+            return option_logits
+        with torch.no_grad():
+            params = {n: p.to(option_logits.device) for n, p in self.alpha.params.items()}
+            return self.alpha.apply(params, option_logits)
+
+    def apply_step(self) -> None:
+        clip = self.ctx.cfg.calm.alpha_grad_clip
+        if clip > 0:  # per entry: no single vocabulary entry can take a step larger than lr·c
+            for a in self.alpha.params.values():
+                if a.grad is not None:
+                    a.grad.clamp_(-clip, clip)
+        if "joint" in self.optimizers:  # SGD on the joint direction exactly: no θ clipping
+            for name, opt in self.optimizers.items():
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+                self.schedulers[name].step()
+            return
+        super().apply_step()
+
+    def record(self, info: dict[str, float]) -> dict[str, float]:
+        """The step's diagnostics plus α's statistics and the calibration batch's entropy,
+        confidence and accuracy (all after the step: what the next step starts from)."""
+        info = dict(info)
+        info.update({k: float(v) for k, v in self.obj.last.items()})
+        info.update(self.alpha.stats())
+        return info
 
     def step(self, k: int) -> dict[str, float]:
         params = self.ctx.lm.inner()
@@ -123,7 +234,7 @@ class Calm(Method):
         info = {key: sum(i[key] for i in infos) / len(infos) for key in infos[0]}
         info["loss"] = info.get("lower_loss", info.get("lower", math.nan))
         self.apply_step()
-        return info
+        return self.record(info)
 
 
 class CalmScalar(Calm):
@@ -158,7 +269,9 @@ class CalmIterate(Calm):
             (g / accum).backward()
             gs.append(float(g.detach()))
         self.apply_step()
-        return {"loss": sum(gs) / accum, "lower_loss": sum(gs) / accum, "upper_loss": sum(fs) / accum}
+        return self.record(
+            {"loss": sum(gs) / accum, "lower_loss": sum(gs) / accum, "upper_loss": sum(fs) / accum}
+        )
 
 
 class CalmRegularization(Calm):
@@ -182,7 +295,7 @@ class CalmRegularization(Calm):
             fs.append(float(f.detach()))
         self.apply_step()
         g_mean, f_mean = sum(gs) / accum, sum(fs) / accum
-        return {"loss": g_mean + gamma * f_mean, "lower_loss": g_mean, "upper_loss": f_mean}
+        return self.record({"loss": g_mean + gamma * f_mean, "lower_loss": g_mean, "upper_loss": f_mean})
 
 
 @torch.no_grad()
