@@ -745,3 +745,20 @@ def with_overrides(cfg: Config, point: dict[str, Any]) -> Config:
 def variant_name(method: str, point: dict[str, Any]) -> str:
     """The row name of one --select point, e.g. ``calm@eta=0.1``."""
     return method + "@" + ",".join(f"{k.split('.')[1]}={v}" for k, v in point.items())
+
+
+def options_markdown() -> str:
+    """The options tables of docs/calm.md, from the fields (a test keeps the doc equal to it)."""
+    blocks = []
+    for sec in (None, *SECTIONS):
+        rows = ["| flag | default | meaning |", "|---|---|---|"]
+        for s, f in _leaf_fields():
+            if s != sec:
+                continue
+            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+            meaning = f.metadata["help"]
+            if f.metadata.get("choices"):
+                meaning += f" ({' / '.join(f.metadata['choices'])})"
+            rows.append(f"| `{_flag(f)}` | `{default!r}` | {meaning.replace('|', '/')} |")
+        blocks.append(f"**{sec or 'run'}**\n\n" + "\n".join(rows))
+    return "\n\n".join(blocks) + "\n"

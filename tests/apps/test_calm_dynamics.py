@@ -243,3 +243,20 @@ def test_history_and_plot_written_and_resume_continues_without_gaps(tmp_path, mo
     assert [h["step"] for h in resumed] == [1, 2, 3, 4, 5]
     for a, b in zip(full, resumed):
         assert b["lower_loss"] == pytest.approx(a["lower_loss"], rel=1e-5)
+
+
+def test_export_of_a_supported_alpha_applies_the_same_transform(tmp_path):
+    from apps.calm_llm.export import AlphaLogitsProcessor, export_method
+
+    ctx = make_ctx("--alpha-lr", "0.5")
+    m = methods.get("calm")(ctx)
+    m.step(0)
+    proc = AlphaLogitsProcessor.from_dir(export_method(tmp_path, ctx.lm, m))
+    assert torch.equal(proc.class_ids, m.alpha.class_ids)
+    scores = torch.randn(2, ctx.lm.vocab_size)
+    torch.testing.assert_close(proc(torch.zeros(2, 1, dtype=torch.long), scores),
+                               m.alpha.apply(m.alpha.params, scores).detach())
+    opt = make_ctx("--alpha-acts", "options", "--alpha-param", "temperature")
+    mo = methods.get("calm")(opt)
+    with pytest.raises(ValueError, match="option scores"):
+        AlphaLogitsProcessor.from_dir(export_method(tmp_path / "o", opt.lm, mo))

@@ -111,3 +111,10 @@ def test_config_source_list_matches_the_data_registry():
     from apps.calm_llm import data
 
     assert C.MCQA_SOURCES == data.MCQA_SOURCES
+
+
+def test_docs_options_tables_are_the_config():
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "calm.md").read_text()
+    assert C.options_markdown() in doc, "regenerate docs/calm.md's Options with config.options_markdown()"

@@ -48,7 +48,7 @@ def test_killed_and_resumed_run_matches_uninterrupted(tmp_path, monkeypatch, cap
         for k in ta:
             torch.testing.assert_close(tb[k], ta[k], rtol=1e-6, atol=1e-8)
     a, b = _results(tmp_path / "a"), _results(tmp_path / "b")
-    assert a.keys() == b.keys() == {"sft", "calm"}
+    assert a.keys() == b.keys() == {"sft", "calm", "calm:no_alpha"}
     for m in a:
         for ds in a[m]:
             for key in ("accuracy", "conf_ece", "nll", "brier"):

@@ -21,7 +21,9 @@ def test_every_method_end_to_end(tmp_path, capsys):
     saved = C.from_dict(json.loads((tmp_path / "config.json").read_text()))
     assert saved.methods == list(C.METHODS)
     results = json.loads((tmp_path / "metrics.json").read_text())["results"]
-    assert list(results) == list(C.METHODS)
+    assert [r for r in results if ":" not in r] == list(C.METHODS)
+    # each trained CALM variant is also evaluated without α
+    assert {r for r in results if ":" in r} == {f"{m}:no_alpha" for m in C.METHODS if m.startswith("calm")}
     for method, per_ds in results.items():
         assert set(per_ds) == {"sciq", "arc_easy"}
         assert per_ds["sciq"]["domain"] == "id" and per_ds["arc_easy"]["domain"] == "ood"

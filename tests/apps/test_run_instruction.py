@@ -53,7 +53,7 @@ def test_instruction_training_run(tmp_path, alpaca_file, monkeypatch):
     # sft: 2 instruction batches; calm: per step one instruction (lower) + one MCQA (upper) batch
     assert batches == ["instruction"] * 2 + ["instruction", "cloze"] * 2
     results = json.loads((out / "metrics.json").read_text())["results"]
-    assert set(results) == {"sft", "calm"}
+    assert set(results) == {"sft", "calm", "calm:no_alpha"}
     for per_ds in results.values():
         assert set(per_ds) == {"sciq", "arc_easy"}
         assert all(0 <= m["accuracy"] <= 1 for m in per_ds.values())
