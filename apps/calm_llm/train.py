@@ -24,6 +24,7 @@ from . import methods as method_registry
 from . import model as model_lib
 from .config import Config, data_files, data_hub, differences, needs_second_order
 from .data import Collator, budget_batches, load_source, make_splits
+from .data.collate import warn_truncated
 from .data.splits import manifest_changes
 from .io import atomic_write_text, read_json, read_tensors
 from .methods.base import Context, Method
@@ -335,6 +336,10 @@ def run(cfg: Config) -> dict[str, Any]:
     if d.instruction_data:
         train_collator = Collator(lm.tokenizer, mode="cloze", prompt_style=d.prompt_style,
                                   max_length=cfg.model.max_length, max_options=d.max_options)
+    if dist.main:  # a prompt cut to --max-length is scored without its start: say how many
+        warn_truncated({name: ((train_collator if name == "train" else collator).n_truncated(exs),
+                               len(exs)) for name, exs in splits.named().items()},
+                       cfg.model.max_length)
     ctx = Context(
         cfg=cfg, lm=lm, collator=collator, train_examples=list(splits.train),
         calib_examples=list(splits.calib), train_collator=train_collator,

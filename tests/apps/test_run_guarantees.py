@@ -272,3 +272,14 @@ def test_a_broken_config_file_is_named_with_the_line(tmp_path, name, text, needl
     assert main(["--config", str(tmp_path / name)]) == 2
     err = capsys.readouterr().err
     assert f"--config {tmp_path / name}: {needle}" in err and "line " in err
+
+
+# -- data the model sees differently from the file -------------------------------------------------
+def test_a_max_length_that_cuts_prompts_is_warned_about_with_the_count(finished, tmp_path, monkeypatch):
+    shutil.copytree(finished / "data", tmp_path / "data")
+    monkeypatch.chdir(tmp_path)
+    argv = ["--config", "tiny", "--methods", "none", "--n-boot", "0", "--max-length", "12",
+            "--data-files", "sciq=data/sciq.jsonl", "arc_easy=data/arc.jsonl"]
+    with pytest.warns(UserWarning, match=r"examples are longer than --max-length 12 tokens \("
+                                         r"train \d+ of \d+, calib \d+ of \d+, test/sciq 8 of 8"):
+        assert main([*argv, "--out", "cut"]) == 0
