@@ -25,6 +25,53 @@ DEFAULT_MODEL_NAMES = ("smollm2", "default")
 TINY_MODEL_NAME = "tiny"
 
 
+class ModelLoadError(ValueError):
+    """The base model named by ``--model`` cannot be loaded; the message names it and the fix."""
+
+
+# how a local folder is spelled; anything else is taken for a hub name ORG/NAME
+_PATH_LIKE = ("/", "./", "../", "~", ".\\")
+
+
+def check_model_available(mc: ModelConfig) -> None:
+    """Refuse, before any data or weights are read, a ``--model`` this machine cannot load: a
+    folder that does not exist or holds no model, a name that is no hub name, or (offline) a hub
+    model that is not in the Hugging Face cache. Loading would fail later with transformers'
+    "Repo id must be in the form ..." traceback or after a minute of network retries."""
+    name = mc.name_or_path
+    if name == TINY_MODEL_NAME or name in DEFAULT_MODEL_NAMES:
+        return
+    path = Path(name).expanduser()
+    if path.is_dir():
+        if not any((path / f).is_file() for f in ("config.json", "adapter_config.json")):
+            raise ModelLoadError(
+                f"--model {name}: the folder holds no config.json, so it is not a Hugging Face "
+                "model folder; give the folder that holds config.json and the weights"
+            )
+        return
+    if path.exists() or name.startswith(_PATH_LIKE):
+        raise ModelLoadError(
+            f"--model {name}: no such folder; give a model folder, a hub name ORG/NAME, "
+            "'smollm2' (offline SmolLM2-135M-Instruct) or 'tiny'"
+        )
+    from huggingface_hub import constants, is_offline_mode, try_to_load_from_cache
+
+    try:
+        cached = try_to_load_from_cache(name, "config.json")
+    except ValueError as e:  # huggingface_hub's HFValidationError: not of the form ORG/NAME
+        raise ModelLoadError(
+            f"--model {name!r}: neither a local folder nor a hub name of the form ORG/NAME "
+            f"({e}); give a model folder, a hub name, 'smollm2' or 'tiny'"
+        ) from e
+    if not isinstance(cached, str) and is_offline_mode():
+        raise ModelLoadError(
+            f"--model {name}: not a local folder and not in the Hugging Face cache "
+            f"({constants.HF_HUB_CACHE}), and the hub is off (HF_HUB_OFFLINE): download it where "
+            f"there is a network (huggingface-cli download {name}) and copy that cache here, or "
+            "pass the model's folder, or use --model smollm2 (offline)"
+        )
+
+
 def resolve_device(name: str) -> torch.device:
     """'auto' -> cuda when available, else cpu."""
     if name == "auto":
@@ -85,8 +132,17 @@ def load_base(mc: ModelConfig, *, eager: bool = False, seed: int = 0) -> tuple[n
         quant = _quantization_config(mc)
         if quant is not None:
             kwargs["quantization_config"] = quant
-        model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
-        tok = AutoTokenizer.from_pretrained(path)
+        check_model_available(mc)
+        try:
+            model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
+            tok = AutoTokenizer.from_pretrained(path)
+        except OSError as e:  # no network, no such repo, a cut download: one line, with the fix
+            reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise ModelLoadError(
+                f"--model {mc.name_or_path}: cannot load it ({reason}); give a local model "
+                "folder, or a hub name this machine has cached or can download (set "
+                "HF_HUB_OFFLINE=1 to fail at once where there is no network), or --model smollm2"
+            ) from e
     if tok.pad_token is None:  # many chat models ship without one; padding is masked anyway
         tok.pad_token = tok.eos_token
     for p in model.parameters():

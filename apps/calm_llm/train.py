@@ -281,6 +281,8 @@ def reevaluate(
 
 def run(cfg: Config) -> dict[str, Any]:
     """The whole run; returns ``{"results": ..., "run_dir": ...}``. Writes as it goes."""
+    # an unloadable --model fails now, before a run folder or the data (or a minute of hub retries)
+    model_lib.check_model_available(cfg.model)
     dist = distributed.init(fsdp=cfg.fsdp)
     run_dir = make_run_dir(cfg, dist)
     dist.barrier()  # every rank has checked the folder before rank 0 writes into it
