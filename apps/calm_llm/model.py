@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import hashlib
 import importlib.util
 import inspect
 from dataclasses import dataclass
@@ -194,6 +195,9 @@ class CausalLM:
     model: nn.Module
     tokenizer: Any
     device: torch.device
+    # `base_fingerprint` of the base, taken at load time (before any sharding): what an export
+    # records so that its adapter and α are never applied to another base
+    base: dict[str, Any] | None = None
 
     @property
     def vocab_size(self) -> int:
@@ -313,6 +317,36 @@ class CausalLM:
             self.model.train(was)
 
 
+FINGERPRINT = "sha256 of the input-embedding rows embedding_rows, rounded to bfloat16"
+
+
+def base_fingerprint(model: nn.Module, name: str = "") -> dict[str, Any]:
+    """A cheap identity of a base model's weights, to tell whether an adapter or α belongs to it.
+
+    ``vocab_size`` is the width of the logits (the output embedding's rows, what α acts on);
+    ``embedding_sha256`` hashes five fixed rows of the input embedding, rounded to bfloat16 so
+    that the same base loaded in fp32 or bf16 has one fingerprint (4/8-bit loading leaves the
+    embedding unquantized). Five rows of a trained embedding tell two bases apart; they cost
+    a few kilobytes to read, not a pass over the weights.
+    """
+    emb = model.get_input_embeddings().weight
+    if hasattr(emb, "full_tensor"):  # a DTensor: only this rank's shard is here
+        raise ValueError("base_fingerprint: the embedding is sharded (FSDP); take the fingerprint "
+                         "before sharding, as model.load does (CausalLM.base)")
+    head = model.get_output_embeddings()
+    v_in = int(emb.shape[0])
+    rows = sorted({0, v_in // 4, v_in // 2, (3 * v_in) // 4, v_in - 1})
+    sample = emb.detach()[rows].to("cpu", torch.bfloat16).contiguous().view(torch.int16)
+    return {
+        "name_or_path": name,
+        "vocab_size": int(head.weight.shape[0]) if head is not None else v_in,
+        "embedding_shape": [int(d) for d in emb.shape],
+        "embedding_rows": rows,
+        "embedding_sha256": hashlib.sha256(sample.numpy().tobytes()).hexdigest(),
+        "fingerprint": FINGERPRINT,
+    }
+
+
 def _upcast(logits: torch.Tensor) -> torch.Tensor:
     """Half-precision logits -> float32 (log-softmax over 50k entries needs it); wider stays."""
     return logits.float() if logits.dtype in (torch.float16, torch.bfloat16) else logits
@@ -339,6 +373,7 @@ def load(
             "sharded here; use FSDP in bf16, or the DDP config with --quantization 4bit"
         )
     base, tok = load_base(mc, eager=eager, seed=seed)
+    fingerprint = base_fingerprint(base, mc.name_or_path)  # before sharding splits the embedding
     if mc.quantization == "none" and not fsdp:
         base = base.to(device)
     model = add_lora(base, mc, seed=seed)
@@ -348,4 +383,4 @@ def load(
         raise ValueError(f"--lora-target-modules {mc.lora_target_modules}: no LoRA parameters created")
     if fsdp and dist is not None:  # (fsdp implies dist; spelled out for the type checker)
         shard_frozen_base(model, dist, device)
-    return CausalLM(model=model, tokenizer=tok, device=device)
+    return CausalLM(model=model, tokenizer=tok, device=device, base=fingerprint)
