@@ -337,3 +337,25 @@ def test_load_base_names_a_model_it_cannot_load(tmp_path, make, needle):
 
     with pytest.raises(ModelLoadError, match=needle):
         load_base(C.ModelConfig(name_or_path=make(tmp_path)))
+
+
+def test_logits_with_no_finite_entry_in_calms_upper_level_name_method_step_and_checkpoint(
+        tmp_path, monkeypatch, capsys):
+    """calibration.objectives.entropy refuses such rows with NonFiniteLogits, which is also a
+    FloatingPointError: the runner still reports it as a non-finite loss with its checkpoint."""
+    from apps.calm_llm import scoring
+
+    original, calls = scoring.answer_logits, []
+
+    def answer_logits(logits, batch):
+        calls.append(1)
+        out = original(logits, batch)
+        return torch.full_like(out, float("-inf")) if len(calls) > 2 else out
+
+    monkeypatch.setattr(scoring, "answer_logits", answer_logits)
+    rc = main(["--config", "tiny", "--methods", "calm", "--upper-objective", "answer_tokens",
+               "--steps", "3", "--checkpoint-every", "1", "--n-boot", "0", "--out", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert rc == 1
+    assert "[calm] non-finite loss at step" in err and "has no finite logit" in err
+    assert "last good checkpoint" in err

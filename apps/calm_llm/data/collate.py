@@ -55,10 +55,10 @@ class Collator:
         max_options: K, the number of option slots; questions with more options are an error.
         letter_prefix: text placed between "### Answer:" and the letter. Default " " for the
             paper style (the letter as this text is written, "Answer: A", and the convention
-            of the measurements in offline-assets.md) and "" for the chat style (after a
-            generation prompt the bare letter is what the model emits). The letter token is
-            what ``tok(prompt + prefix + letter)`` adds beyond ``tok(prompt)``; it must be
-            exactly one token.
+            under which the default model was measured, docs/data.md) and "" for the chat
+            style (after a generation prompt the bare letter is what the model emits). The
+            letter token is what ``tok(prompt + prefix + letter)`` adds beyond
+            ``tok(prompt)``; it must be exactly one token.
         share_prefix: cloze batches of all options (``options="all"``) encode each question's
             context once (`schema.Prefix`); off, every option repeats it (the plain layout that
             a single Hugging Face forward consumes).
