@@ -140,7 +140,9 @@ class Neumann(LinearSolver):
 
     Converges as steps → ∞ when 0 < lr < 2 / λ_max(A) and A is positive definite; the error
     shrinks like (1 − lr·λ_min)^{steps}. ``steps = 0`` gives lr·b (one term), never zero.
-    Uses exactly ``steps`` matvecs (Lorraine et al., 2020).
+    Uses exactly ``steps`` matvecs (Lorraine et al., 2020). A sum that is not finite at the end
+    (a diverging series overflows to inf, then NaN) raises ``FloatingPointError``, as
+    `FixedPoint` and `CG` do, instead of returning it.
     """
 
     steps: int
@@ -160,6 +162,23 @@ class Neumann(LinearSolver):
             torch._foreach_add_(p, ap, alpha=-self.lr)
             torch._foreach_add_(acc, p)
         torch._foreach_mul_(acc, self.lr)
+        # one check at the end (one device sync, not one per term): NaN and inf persist in the
+        # sum, so a term that overflowed anywhere shows here
+        total = float(tree.sq_norm_list(acc))
+        if not math.isfinite(total):
+            b_norm = math.sqrt(float(tree.sq_norm_list(list(b))))
+            last = math.sqrt(float(tree.sq_norm_list(p)))
+            fix = f"it diverges unless 0 < lr < 2 / λ_max(A) and A is positive definite: lower lr (now {self.lr:g}) or use CG"
+            if not math.isfinite(b_norm):
+                cause = "the right-hand side b is not finite"
+            elif math.isnan(last):
+                cause = f"the matrix-vector product produced NaN, or a term overflowed; {fix}"
+            else:
+                cause = f"the terms grew from ‖b‖ = {b_norm:.3g} to {last:.3g}; {fix}"
+            raise FloatingPointError(
+                f"Neumann: the solution is non-finite ({total}) after {self.steps} iterations; "
+                f"{cause}"
+            )
         return acc, {"iterations": float(self.steps)}
 
 

@@ -119,6 +119,29 @@ def apply(
         inner_optimizer.step()
 
 
+def _check_holds(optimizer: torch.optim.Optimizer | None, tensors: Any, other: Any, name: str) -> None:
+    """Refuse an optimizer that holds none of the ``name`` tensors: `apply` sets their ``.grad``
+    and steps the optimizer, which would then move nothing, and `fit` would run every solver
+    step and return a history while the variables stayed where they were."""
+    if optimizer is None:
+        return
+    leaves = tree.leaves(tensors)
+    if not leaves:
+        return
+    held = {id(p) for group in optimizer.param_groups for p in group["params"]}
+    if any(id(t) in held for t in leaves):
+        return
+    other_name = "inner" if name == "outer" else "outer"
+    swapped = any(id(t) in held for t in tree.leaves(other))
+    raise ValueError(
+        f"fit: {name}_optimizer holds none of the {len(leaves)} {name} tensors, so its steps "
+        f"would change nothing"
+        + (f" (it holds the {other_name} ones: are the two optimizers swapped?)" if swapped else "")
+        + f"; build it over the very tensors passed as {name}, e.g. "
+        f"torch.optim.Adam(bilevel.tree.leaves({name})), not over copies of them"
+    )
+
+
 def _batch_source(
     batches: Callable[[int], tuple[Any, Any]] | Iterable[tuple[Any, Any]] | None,
     upper_batch: Any,
@@ -199,7 +222,8 @@ def fit(
             with the same ``step``).
         outer, inner: pytrees of the leaf tensors the optimizers hold; updated in place.
         steps: number of outer steps (stops earlier if ``batches`` runs out).
-        outer_optimizer, inner_optimizer: any ``torch.optim`` optimizers (see :func:`apply`).
+        outer_optimizer, inner_optimizer: any ``torch.optim`` optimizers (see :func:`apply`);
+            each must hold (some of) the tensors of its pytree, else ValueError.
         upper_batch, lower_batch: fixed batches, used when ``batches`` is None.
         batches: a callable ``step -> (upper_batch, lower_batch)`` or an iterable of pairs.
         inner_update: ``"optimizer"`` or ``"solution"`` (see :func:`apply`).
@@ -215,6 +239,8 @@ def fit(
         raise ValueError(f"fit: steps must be an int >= 0, got {steps!r}")
     if not hasattr(solver, "step"):
         raise TypeError(f"fit: solver must have a step(...) method, got {type(solver).__name__}")
+    _check_holds(outer_optimizer, outer, inner, "outer")
+    _check_holds(inner_optimizer, inner, outer, "inner")
     source = _batch_source(batches, upper_batch, lower_batch)
     history = History()
     bar = _Progress(steps, progress, max(1, log_every), desc or type(solver).__name__)

@@ -14,9 +14,24 @@ import torch
 
 # Rows of `probs` must sum to 1 within this absolute tolerance. Loose enough for float32
 # softmax outputs renormalized over a few option tokens (errors ~1e-6), tight enough to catch
-# logits or unnormalized scores passed by mistake. Cast bfloat16 probabilities to float32 and
-# renormalize before calling the metrics.
+# logits or unnormalized scores passed by mistake. Probabilities stored in a coarser dtype get
+# a tolerance scaled to it (`row_sum_tolerance`).
 ROW_SUM_ATOL = 1e-3
+
+
+def row_sum_tolerance(dtype: Any) -> float:
+    """How far from 1 a row of probabilities stored in ``dtype`` may sum: ``ROW_SUM_ATOL``, or
+    2·eps of the dtype where that is larger (bfloat16: 0.0156; float16: 0.00195).
+
+    Rounding each entry of a normalized row to a dtype of machine epsilon eps moves the sum by
+    at most eps/2 (each entry by at most eps/2 of itself); a bfloat16 softmax row summing to
+    1.0024 is exactly normalized probabilities, rounded. 2·eps leaves room for one more
+    rounding step (a renormalization in that dtype)."""
+    try:
+        eps = float(torch.finfo(dtype).eps) if isinstance(dtype, torch.dtype) else float(np.finfo(dtype).eps)
+    except (TypeError, ValueError):  # an integer or other non-float dtype: nothing to scale
+        return ROW_SUM_ATOL
+    return max(ROW_SUM_ATOL, 2.0 * eps)
 
 
 def as_float64(x: Any, name: str) -> torch.Tensor:
@@ -49,8 +64,12 @@ def check_probs(probs: Any, *, from_logits: bool = False) -> torch.Tensor:
     With ``from_logits=True`` the input is (N, K) logits (−inf allowed for absent classes, as
     long as each row has a finite entry) and is turned into probabilities by a float64 softmax
     first. Raises ValueError naming the problem: wrong rank, empty, fewer than 2 classes,
-    NaN/inf, entries outside [0, 1], or rows not summing to 1 within ``ROW_SUM_ATOL``.
+    NaN/inf, entries outside [0, 1], or rows not summing to 1 within ``ROW_SUM_ATOL`` (scaled
+    up for probabilities stored in a coarser dtype such as bfloat16: `row_sum_tolerance`).
     """
+    # the tolerance is set by the dtype the probabilities were stored in, before the float64 copy
+    given = probs.dtype if isinstance(probs, torch.Tensor) else getattr(probs, "dtype", None)
+    atol = ROW_SUM_ATOL if from_logits or given is None else row_sum_tolerance(given)
     p = as_float64(probs, "logits" if from_logits else "probs")
     if from_logits:
         if p.ndim != 2:
@@ -75,10 +94,10 @@ def check_probs(probs: Any, *, from_logits: bool = False) -> torch.Tensor:
             " (did you pass logits? apply softmax first)"
         )
     err = (p.sum(dim=1) - 1).abs()
-    if (err > ROW_SUM_ATOL).any():
+    if (err > atol).any():
         i = int(err.argmax())
         raise ValueError(
-            f"rows of probs must sum to 1 (tolerance {ROW_SUM_ATOL}); row {i} sums to "
+            f"rows of probs must sum to 1 (tolerance {atol:.3g}); row {i} sums to "
             f"{p[i].sum().item():.6g}"
         )
     return p

@@ -133,6 +133,13 @@ class Parameterization:
         order of class_ids); the rest of the vocabulary is returned unchanged. Differentiable
         in params and logits.
         """
+        if not logits.is_floating_point():
+            # the result is cast back to logits.dtype: z / τ on int logits would be truncated
+            raise TypeError(
+                f"alpha {self.name!r}: logits must have a floating-point dtype, got {logits.dtype} "
+                "(the transform is cast back to it, so integers would be truncated); pass "
+                "logits.float()"
+            )
         self._check_keys(params)
         if not self._keys:
             return logits

@@ -65,17 +65,39 @@ def _check_mask(mask: torch.Tensor | None, shape: torch.Size, device: torch.devi
     return mask
 
 
+class NonFiniteLogits(ValueError, FloatingPointError):
+    """A kept row of logits with NaN, +inf, or no finite entry: its softmax, hence its entropy,
+    is undefined. Also a FloatingPointError, so a training loop that stops on non-finite losses
+    (with its checkpoint message) stops on this too."""
+
+
 def entropy(logits: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
     """Mean Shannon entropy (nats) of softmax(logits, -1) over the rows kept by ``mask``.
 
     logits: (..., V). mask: bool, shape logits.shape[:-1], True = keep (default: all rows).
     Returns a scalar tensor differentiable in ``logits``. This is CALM's upper-level objective
-    (maximized on the calibration set).
+    (maximized on the calibration set). A −inf entry is a class of probability 0; a kept row
+    that holds NaN or +inf, or only −inf, raises `NonFiniteLogits` naming the row (its entropy
+    would be NaN, and so would the mean).
     """
     if logits.ndim < 1 or logits.shape[-1] < 1:
         raise ValueError(f"logits must have a non-empty last axis, got shape {tuple(logits.shape)}")
     m = _check_mask(mask, logits.shape[:-1], logits.device)
-    return _row_entropy(logits)[m].mean()
+    kept = _row_entropy(logits)[m]
+    # H is NaN exactly for the undefined rows; checking the (rows,) result, not the (rows, V)
+    # input, keeps the check one small reduction
+    if not bool(torch.isfinite(kept).all()):
+        bad = m & ~torch.isfinite(_row_entropy(logits.detach()))
+        where = tuple(int(i) for i in bad.nonzero()[0])
+        row = logits.detach()[where]
+        what = ("contains NaN" if bool(torch.isnan(row).any()) else
+                "contains +inf" if bool((row == float("inf")).any()) else
+                "has no finite logit (every entry is -inf): no class has any probability")
+        raise NonFiniteLogits(
+            f"entropy: logits row {where[0] if len(where) == 1 else where} {what}; its softmax "
+            "is undefined (mask the row out, or find where the NaN/inf comes from)"
+        )
+    return kept.mean()
 
 
 def _flatten_for_ce(

@@ -6,6 +6,8 @@ its object API with the Agg canvas, so no global pyplot state or backend is chan
 
 from __future__ import annotations
 
+import os
+import secrets
 from pathlib import Path
 from typing import Any, Literal
 
@@ -30,6 +32,8 @@ def reliability_diagram(
     one line per method, the diagonal for perfect calibration; the legend gives each method's
     conf-ECE (mode="top") or cw-ECE (mode="classwise"). Bottom panel: the share of samples in
     each bin. probs (N, K), labels (N,). Returns the path written (parents are created).
+    The PNG is written whole or not at all: a full disk or a kill while saving leaves the
+    previous file (if any) in place, never a cut one.
     """
     if not curves:
         raise ValueError("curves is empty: give at least one name -> (probs, labels)")
@@ -71,5 +75,24 @@ def reliability_diagram(
     hist.grid(alpha=0.3)
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=120, bbox_inches="tight")
+    _save_atomic(fig, out)
     return out
+
+
+def _save_atomic(fig: Any, out: Path) -> None:
+    """``fig.savefig`` to a temporary file in ``out``'s folder, flushed to disk, then renamed
+    over ``out`` (os.replace is atomic). The same scheme as the app's results files; written
+    out here because calibration does not depend on the app."""
+    # os.open with mode 0o666 (not mkstemp's 0o600): the umask applies, so the PNG ends with
+    # the permissions a plain savefig would have given it
+    tmp = out.parent / f".{out.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fig.savefig(fh, format="png", dpi=120, bbox_inches="tight")
+            fh.flush()
+            os.fsync(fh.fileno())  # the rename must not reach the disk before the bytes do
+        os.replace(tmp, out)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise

@@ -72,6 +72,22 @@ def _check_logits_labels(logits: torch.Tensor, labels: torch.Tensor) -> tuple[to
     return z, y
 
 
+def _refuse_probabilities(z: torch.Tensor, who: str) -> None:
+    """Probabilities passed as logits fit a meaningless T: softmax(p / T) is not the model's
+    distribution for any T (T = 1 gives a nearly uniform one), so the fit would scale the wrong
+    quantity without a word. Rows that are all in [0, 1] and each sum to 1 are probabilities
+    (real logits, defined up to a shift per row, essentially never are)."""
+    if z.shape[0] < 2:  # one row could be either; nothing to say
+        return
+    in_unit = bool(((z >= 0) & (z <= 1)).all())
+    if in_unit and bool(((z.sum(dim=1) - 1).abs() <= 1e-3).all()):
+        raise ValueError(
+            f"{who}: these look like probabilities, not logits (every entry is in [0, 1] and "
+            "every row sums to 1); pass the logits, or log(probs), which softmax maps back to "
+            "the same probabilities"
+        )
+
+
 def _golden_section(f, lo: float, hi: float, tol: float) -> float:
     """Minimizer of a unimodal f on [lo, hi] to within tol (golden-section search)."""
     a, b = lo, hi
@@ -111,6 +127,7 @@ def fit_temperature(
     if not lo < 0.0 < hi:
         raise ValueError(f"log_t_bounds must satisfy lo < 0 < hi (T = 1 inside), got {log_t_bounds}")
     z, y = _check_logits_labels(logits, labels)
+    _refuse_probabilities(z, "fit_temperature")
 
     def nll(s: torch.Tensor | float) -> torch.Tensor:
         return F.cross_entropy(z * torch.exp(-torch.as_tensor(s, dtype=torch.float64)), y)
@@ -184,6 +201,7 @@ def fit_alpha(
         else parameterization
     )
     z, y = _check_logits_labels(logits, labels)
+    _refuse_probabilities(z, "fit_alpha")
     init = p.init(z.shape[1], dtype=torch.float64)
     params = {k: v.clone().requires_grad_() for k, v in init.items()}
     nll_before = float(F.cross_entropy(z, y))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import hashlib
 import importlib.util
 import inspect
 from dataclasses import dataclass
@@ -23,6 +24,53 @@ from .distributed import Dist, shard_frozen_base
 
 DEFAULT_MODEL_NAMES = ("smollm2", "default")
 TINY_MODEL_NAME = "tiny"
+
+
+class ModelLoadError(ValueError):
+    """The base model named by ``--model`` cannot be loaded; the message names it and the fix."""
+
+
+# how a local folder is spelled; anything else is taken for a hub name ORG/NAME
+_PATH_LIKE = ("/", "./", "../", "~", ".\\")
+
+
+def check_model_available(mc: ModelConfig) -> None:
+    """Refuse, before any data or weights are read, a ``--model`` this machine cannot load: a
+    folder that does not exist or holds no model, a name that is no hub name, or (offline) a hub
+    model that is not in the Hugging Face cache. Loading would fail later with transformers'
+    "Repo id must be in the form ..." traceback or after a minute of network retries."""
+    name = mc.name_or_path
+    if name == TINY_MODEL_NAME or name in DEFAULT_MODEL_NAMES:
+        return
+    path = Path(name).expanduser()
+    if path.is_dir():
+        if not any((path / f).is_file() for f in ("config.json", "adapter_config.json")):
+            raise ModelLoadError(
+                f"--model {name}: the folder holds no config.json, so it is not a Hugging Face "
+                "model folder; give the folder that holds config.json and the weights"
+            )
+        return
+    if path.exists() or name.startswith(_PATH_LIKE):
+        raise ModelLoadError(
+            f"--model {name}: no such folder; give a model folder, a hub name ORG/NAME, "
+            "'smollm2' (offline SmolLM2-135M-Instruct) or 'tiny'"
+        )
+    from huggingface_hub import constants, is_offline_mode, try_to_load_from_cache
+
+    try:
+        cached = try_to_load_from_cache(name, "config.json")
+    except ValueError as e:  # huggingface_hub's HFValidationError: not of the form ORG/NAME
+        raise ModelLoadError(
+            f"--model {name!r}: neither a local folder nor a hub name of the form ORG/NAME "
+            f"({e}); give a model folder, a hub name, 'smollm2' or 'tiny'"
+        ) from e
+    if not isinstance(cached, str) and is_offline_mode():
+        raise ModelLoadError(
+            f"--model {name}: not a local folder and not in the Hugging Face cache "
+            f"({constants.HF_HUB_CACHE}), and the hub is off (HF_HUB_OFFLINE): download it where "
+            f"there is a network (huggingface-cli download {name}) and copy that cache here, or "
+            "pass the model's folder, or use --model smollm2 (offline)"
+        )
 
 
 def resolve_device(name: str) -> torch.device:
@@ -85,8 +133,17 @@ def load_base(mc: ModelConfig, *, eager: bool = False, seed: int = 0) -> tuple[n
         quant = _quantization_config(mc)
         if quant is not None:
             kwargs["quantization_config"] = quant
-        model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
-        tok = AutoTokenizer.from_pretrained(path)
+        check_model_available(mc)
+        try:
+            model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
+            tok = AutoTokenizer.from_pretrained(path)
+        except OSError as e:  # no network, no such repo, a cut download: one line, with the fix
+            reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise ModelLoadError(
+                f"--model {mc.name_or_path}: cannot load it ({reason}); give a local model "
+                "folder, or a hub name this machine has cached or can download (set "
+                "HF_HUB_OFFLINE=1 to fail at once where there is no network), or --model smollm2"
+            ) from e
     if tok.pad_token is None:  # many chat models ship without one; padding is masked anyway
         tok.pad_token = tok.eos_token
     for p in model.parameters():
@@ -138,6 +195,9 @@ class CausalLM:
     model: nn.Module
     tokenizer: Any
     device: torch.device
+    # `base_fingerprint` of the base, taken at load time (before any sharding): what an export
+    # records so that its adapter and α are never applied to another base
+    base: dict[str, Any] | None = None
 
     @property
     def vocab_size(self) -> int:
@@ -257,6 +317,36 @@ class CausalLM:
             self.model.train(was)
 
 
+FINGERPRINT = "sha256 of the input-embedding rows embedding_rows, rounded to bfloat16"
+
+
+def base_fingerprint(model: nn.Module, name: str = "") -> dict[str, Any]:
+    """A cheap identity of a base model's weights, to tell whether an adapter or α belongs to it.
+
+    ``vocab_size`` is the width of the logits (the output embedding's rows, what α acts on);
+    ``embedding_sha256`` hashes five fixed rows of the input embedding, rounded to bfloat16 so
+    that the same base loaded in fp32 or bf16 has one fingerprint (4/8-bit loading leaves the
+    embedding unquantized). Five rows of a trained embedding tell two bases apart; they cost
+    a few kilobytes to read, not a pass over the weights.
+    """
+    emb = model.get_input_embeddings().weight
+    if hasattr(emb, "full_tensor"):  # a DTensor: only this rank's shard is here
+        raise ValueError("base_fingerprint: the embedding is sharded (FSDP); take the fingerprint "
+                         "before sharding, as model.load does (CausalLM.base)")
+    head = model.get_output_embeddings()
+    v_in = int(emb.shape[0])
+    rows = sorted({0, v_in // 4, v_in // 2, (3 * v_in) // 4, v_in - 1})
+    sample = emb.detach()[rows].to("cpu", torch.bfloat16).contiguous().view(torch.int16)
+    return {
+        "name_or_path": name,
+        "vocab_size": int(head.weight.shape[0]) if head is not None else v_in,
+        "embedding_shape": [int(d) for d in emb.shape],
+        "embedding_rows": rows,
+        "embedding_sha256": hashlib.sha256(sample.numpy().tobytes()).hexdigest(),
+        "fingerprint": FINGERPRINT,
+    }
+
+
 def _upcast(logits: torch.Tensor) -> torch.Tensor:
     """Half-precision logits -> float32 (log-softmax over 50k entries needs it); wider stays."""
     return logits.float() if logits.dtype in (torch.float16, torch.bfloat16) else logits
@@ -283,6 +373,7 @@ def load(
             "sharded here; use FSDP in bf16, or the DDP config with --quantization 4bit"
         )
     base, tok = load_base(mc, eager=eager, seed=seed)
+    fingerprint = base_fingerprint(base, mc.name_or_path)  # before sharding splits the embedding
     if mc.quantization == "none" and not fsdp:
         base = base.to(device)
     model = add_lora(base, mc, seed=seed)
@@ -292,4 +383,4 @@ def load(
         raise ValueError(f"--lora-target-modules {mc.lora_target_modules}: no LoRA parameters created")
     if fsdp and dist is not None:  # (fsdp implies dist; spelled out for the type checker)
         shard_frozen_base(model, dist, device)
-    return CausalLM(model=model, tokenizer=tok, device=device)
+    return CausalLM(model=model, tokenizer=tok, device=device, base=fingerprint)

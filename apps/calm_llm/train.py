@@ -36,6 +36,7 @@ from .config import (
     with_overrides,
 )
 from .data import Collator, budget_batches, load_source, make_splits
+from .data.collate import warn_truncated
 from .data.splits import manifest_changes
 from .history import HistoryWriter, plot_training
 from .io import atomic_write_text, read_json, read_tensors
@@ -341,6 +342,8 @@ def choose_variant(
 
 def run(cfg: Config) -> dict[str, Any]:
     """The whole run; returns ``{"results": ..., "run_dir": ...}``. Writes as it goes."""
+    # an unloadable --model fails now, before a run folder or the data (or a minute of hub retries)
+    model_lib.check_model_available(cfg.model)
     dist = distributed.init(fsdp=cfg.fsdp)
     run_dir = make_run_dir(cfg, dist)
     dist.barrier()  # every rank has checked the folder before rank 0 writes into it
@@ -399,6 +402,10 @@ def run(cfg: Config) -> dict[str, Any]:
     if d.instruction_data:
         train_collator = Collator(lm.tokenizer, mode="cloze", prompt_style=d.prompt_style,
                                   max_length=cfg.model.max_length, max_options=d.max_options)
+    if dist.main:  # a prompt cut to --max-length is scored without its start: say how many
+        warn_truncated({name: ((train_collator if name == "train" else collator).n_truncated(exs),
+                               len(exs)) for name, exs in splits.named().items()},
+                       cfg.model.max_length)
     ctx = Context(
         cfg=cfg, lm=lm, collator=collator, train_examples=list(splits.train),
         calib_examples=list(splits.calib), train_collator=train_collator,

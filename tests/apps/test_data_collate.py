@@ -164,3 +164,24 @@ def test_batch_iterator_is_deterministic_and_resumable(tiny):
     assert sum(x.shape[0] for x in first) == 9
     one_pass = list(batch_iterator(exs, col, 3, shuffle=False, seed=0))
     assert [b.n_questions for b in one_pass] == [3, 3, 1]
+
+
+def test_prompts_cut_to_max_length_are_counted_and_reported_once(tiny):
+    from apps.calm_llm.data.collate import warn_truncated
+
+    _, tok = tiny
+    long_q = MCQAExample("t:long", "Why " * 60 + "?", ("yes", "no"), 0, "t")
+    ins = InstructionExample("i:0", "Explain " * 60, "", "Because.", "alpaca")
+    for mode in ("letter", "cloze"):
+        col = Collator(tok, mode=mode, max_length=60)  # the short prompts: <= 48 tokens
+        assert col.n_truncated(EXAMPLES) == 0
+        assert col.n_truncated([*EXAMPLES, long_q, long_q, ins]) == 3
+    with pytest.warns(UserWarning, match="3 examples are longer than --max-length 32 tokens "
+                                         r"\(train 2 of 5, test/t 1 of 4\)") as record:
+        assert warn_truncated({"train": (2, 5), "calib": (0, 3), "test/t": (1, 4)}, 32) == 3
+    assert len(record) == 1
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # nothing cut: nothing said
+        assert warn_truncated({"train": (0, 5)}, 32) == 0

@@ -121,7 +121,7 @@ def test_local_files_every_format(tmp_path, fmt):
 def test_local_file_missing_field_names_field_and_file(tmp_path):
     path = tmp_path / "broken.jsonl"
     path.write_text(json.dumps({"question": "q", "options": ["a", "b"]}) + "\n")
-    with pytest.raises(ValueError, match=r"broken\.jsonl row 1: missing required field 'label'"):
+    with pytest.raises(ValueError, match=r"broken\.jsonl line 1: missing required field 'label'"):
         load_source("mine", path=path)
     with pytest.raises(ValueError, match="unsupported data file type"):
         (tmp_path / "x.txt").write_text("hi")
@@ -184,3 +184,133 @@ def test_offline_mmlu_pools_all_subjects_and_splits():
     # 285 dev + 1,531 validation + 14,042 test rows, minus exact duplicates within a subject
     assert 15_700 < len(exs) <= 15_858 and len({e.id for e in exs}) == len(exs)
     assert set(MCQA_SOURCES) >= {"mmlu", "medmcqa", "openbookqa", "arc_challenge"}
+
+
+# -- nothing merged, misread or scored blank (issue 10) -------------------------------------------
+def _jsonl(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return path
+
+
+def _row(i, **kw):
+    return {"id": f"q{i}", "question": f"Question number {i}?", "options": [f"a{i}", f"b{i}"],
+            "label": 0, **kw}
+
+
+def test_ids_that_collide_on_different_questions_are_refused_naming_both_rows(tmp_path):
+    # 40 distinct questions whose ids repeat every 20 rows: before, 20 of them vanished silently
+    rows = [{**_row(i), "id": f"q{i % 20}"} for i in range(40)]
+    path = _jsonl(tmp_path / "ids.jsonl", rows)
+    with pytest.raises(ValueError) as e:
+        load_source("mine", path=path)
+    msg = str(e.value)
+    assert f"{path} line 21: id 'mine:q0' is also the id of {path} line 1" in msg
+    assert "ids must be unique" in msg
+
+
+def test_an_exact_repeated_row_is_kept_once(tmp_path):
+    path = _jsonl(tmp_path / "dup.jsonl", [_row(0), _row(1), _row(0)])
+    assert [e.id for e in load_source("mine", path=path)] == ["mine:q0", "mine:q1"]
+
+
+@pytest.mark.parametrize("twin", [
+    # another id; the options reordered and the text respaced and recased: still the same question
+    {"id": "other", "question": "  question NUMBER 0? ", "options": ["Rome", "paris"], "label": 0},
+    {"id": "q0", "question": "Question number 0?", "options": ["Rome", "Paris"], "label": "A"},
+    {"question": "Question number 0?", "options": ["Paris", "Rome"], "label": "B"},  # no id
+])
+def test_the_same_question_with_two_answers_is_refused(tmp_path, twin):
+    first = _row(0, options=["Paris", "Rome"])
+    if "id" not in twin:
+        first.pop("id")  # both identified by their content: one id, two labels
+    path = _jsonl(tmp_path / "labels.jsonl", [first, _row(1), twin])
+    with pytest.raises(ValueError) as e:
+        load_source("mine", path=path)
+    msg = str(e.value)
+    assert f"{path} line 3: the same question as {path} line 1" in msg
+    assert "with another answer: 'Rome' here, 'Paris' there" in msg
+
+
+@pytest.mark.parametrize(("options", "needle"), [
+    ({"A": "Paris", "B": "Rome"}, "field 'options' must be a list of option texts, got dict"),
+    (5, "field 'options' must be a list of option texts, got int"),
+    ('{"A": "Paris"}', "got dict"),
+    (["Paris", None], "option 2 of 'options' is NoneType"),
+    (["Paris", ["Rome"]], "option 2 of 'options' is list"),
+])
+def test_options_that_are_not_a_list_of_texts_are_refused_naming_the_row(tmp_path, options, needle):
+    path = _jsonl(tmp_path / "opts.jsonl", [_row(0), _row(1, options=options)])
+    with pytest.raises(ValueError) as e:
+        load_source("mine", path=path)
+    assert f"{path} line 2: " in str(e.value) and needle in str(e.value)
+
+
+@pytest.mark.parametrize(("row", "needle"), [
+    ({"question": "  "}, "the question is empty"),
+    ({"options": ["Paris", ""]}, "option B is empty"),
+    ({"options": ["Paris", " \t"]}, "option B is empty"),
+])
+def test_an_empty_question_or_option_is_refused_naming_the_row(tmp_path, row, needle):
+    path = _jsonl(tmp_path / "empty.jsonl", [_row(0), _row(1), _row(2, **row)])
+    with pytest.raises(ValueError, match=f"line 3: {needle}"):
+        load_source("mine", path=path)
+
+
+def test_an_empty_instruction_or_output_is_refused(tmp_path):
+    path = _jsonl(tmp_path / "alpaca.jsonl", [{"instruction": "Say hi.", "output": "Hi"},
+                                              {"instruction": "Say hi again.", "output": ""}])
+    with pytest.raises(ValueError, match=r"alpaca\.jsonl line 2: the output is empty"):
+        load_source("alpaca", path=path)
+
+
+def test_csv_option_columns_with_a_gap_are_refused(tmp_path):
+    # the options end at the first empty column: D after an empty C would be dropped silently
+    path = tmp_path / "gap.csv"
+    path.write_text("question,A,B,C,D,label\nq1,x,y,z,,0\nq2,x,y,,w,0\n")
+    with pytest.raises(ValueError, match=r"gap\.csv line 3: option column C is empty but D is not"):
+        load_source("mine", path=path)
+
+
+def test_a_utf8_byte_order_mark_is_accepted(tmp_path):
+    bom = "\ufeff"
+    (tmp_path / "b.jsonl").write_text(bom + json.dumps(ROWS[0]) + "\n", encoding="utf-8")
+    (tmp_path / "b.csv").write_text(bom + "id,question,A,B,label\nr1,Capital of France?,Paris,Rome,0\n",
+                                    encoding="utf-8")
+    (tmp_path / "b.json").write_text(bom + json.dumps([ROWS[0]]), encoding="utf-8")
+    want = [MCQAExample("mine:r1", "Capital of France?", ("Paris", "Rome"), 0, "mine")]
+    for name in ("b.jsonl", "b.csv", "b.json"):
+        assert load_source("mine", path=tmp_path / name) == want, name
+
+
+def test_text_that_is_not_utf8_is_named_with_its_line(tmp_path):
+    path = tmp_path / "latin1.csv"
+    path.write_bytes("question,A,B,label\nq1,x,y,0\nCafé?,x,y,0\n".encode("latin-1"))
+    with pytest.raises(ValueError, match=r"latin1\.csv line 3: not UTF-8 text \(byte 0xe9"):
+        load_source("mine", path=path)
+    jl = tmp_path / "latin1.jsonl"
+    jl.write_bytes(b"\n" + json.dumps(ROWS[0]).encode() + b"\n" + '{"question": "Café?"}'.encode("latin-1"))
+    with pytest.raises(ValueError, match=r"latin1\.jsonl line 3: not UTF-8"):
+        load_source("mine", path=jl)
+
+
+def test_a_malformed_json_line_is_named_with_its_line(tmp_path):
+    path = tmp_path / "bad.jsonl"
+    # a blank line first: the line number counts it (a row count would say 2)
+    path.write_text("\n" + json.dumps(ROWS[0]) + "\n" + '{"question": "q", "options": ["a", "b"],\n')
+    with pytest.raises(ValueError, match=r"bad\.jsonl line 3: not valid JSON \(Expecting"):
+        load_source("mine", path=path)
+    arr = tmp_path / "arr.jsonl"
+    arr.write_text(json.dumps(ROWS[0]) + "\n[1, 2]\n")
+    with pytest.raises(ValueError, match=r"arr\.jsonl line 2: expected an object with the fields, got list"):
+        load_source("mine", path=arr)
+    whole = tmp_path / "bad.json"
+    whole.write_text('[\n  {"question": "q"},\n  {"question": "q2",}\n]')
+    with pytest.raises(ValueError, match=r"bad\.json line 3: not valid JSON"):
+        load_source("mine", path=whole)
+
+
+def test_a_csv_row_with_more_fields_than_the_header_is_named(tmp_path):
+    path = tmp_path / "wide.csv"
+    path.write_text("question,A,B,label\nq1,x,y,0\nWhat is 1,000 + 1?,x,y,0\n")
+    with pytest.raises(ValueError, match=r"wide\.csv line 3: 5 fields but the header has 4 columns"):
+        load_source("mine", path=path)

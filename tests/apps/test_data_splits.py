@@ -122,3 +122,33 @@ def test_errors_name_the_problem():
         make_splits(IN, {}, n_train=600, n_calib=0, n_test=1, n_ood=0, seed=0)
     with pytest.raises(ValueError, match="n_calib must be >= 0"):
         make_splits(IN, {}, n_train=0, n_calib=-1, n_test=1, n_ood=0, seed=0)
+
+
+def test_a_question_copied_into_an_in_domain_file_never_meets_its_ood_copy(tmp_path):
+    """ARC-Easy questions copied into a local in-domain file (other ids, another source name, the
+    options reordered) while arc_easy is out-of-domain: no OOD test question may be trained or
+    calibrated on, and the removal is reported (a warning, and the manifest's overlap_removed)."""
+    from apps.calm_llm.data import load_source
+    from apps.calm_llm.data.splits import content_key
+
+    ood_rows = [{"id": f"Mercury_{i}", "question": f"Which planet is number {i} from the sun?",
+                 "options": [f"p{i}", f"q{i}", f"r{i}", f"s{i}"], "label": i % 4} for i in range(20)]
+    own = [{"id": f"own{i}", "question": f"Local question {i}?", "options": ["yes", "no"],
+            "label": i % 2} for i in range(30)]
+    copied = [{"id": f"copy{i}", "question": r["question"].upper(),
+               "options": list(reversed(r["options"])), "label": 3 - r["label"]}
+              for i, r in enumerate(ood_rows[:9])]
+    (tmp_path / "arc.jsonl").write_text("".join(json.dumps(r) + "\n" for r in ood_rows))
+    (tmp_path / "mine.jsonl").write_text("".join(json.dumps(r) + "\n" for r in own + copied))
+    arc = load_source("arc_easy", path=tmp_path / "arc.jsonl")
+    mine = load_source("mine", path=tmp_path / "mine.jsonl")
+    assert len(mine) == 39
+    with pytest.warns(UserWarning, match=r"arc_easy & mine: 9"):
+        s = make_splits({"mine": mine}, {"arc_easy": arc}, n_train=12, n_calib=9, n_test=9,
+                        n_ood=20, seed=0)
+    ood_keys = {content_key(e) for e in s.ood["arc_easy"]}
+    assert len(ood_keys) == 20
+    trained = [e for name, exs in s.named().items() if not name.startswith("ood/") for e in exs]
+    assert not ood_keys & {content_key(e) for e in trained}
+    assert s.manifest()["overlap_removed"] == {"arc_easy & mine": 9}
+    assert sum(len(v) for n, v in s.named().items() if not n.startswith("ood/")) == 39 - 9

@@ -1,6 +1,8 @@
 """Export: the adapter loads with peft, α loads from safetensors+JSON, and a LogitsProcessor
 applies α during generate."""
 
+import dataclasses
+
 import pytest
 import torch
 from peft import PeftModel
@@ -9,7 +11,13 @@ from transformers import LogitsProcessorList
 from apps.calm_llm import config as C
 from apps.calm_llm import methods
 from apps.calm_llm.data import Collator, MCQAExample
-from apps.calm_llm.export import AlphaLogitsProcessor, export_method
+from apps.calm_llm.export import (
+    AlphaLogitsProcessor,
+    BaseMismatch,
+    check_base,
+    export_method,
+    load_adapter,
+)
 from apps.calm_llm.methods.base import Context
 from apps.calm_llm.model import load, load_base
 
@@ -73,3 +81,69 @@ def test_processor_refuses_alpha_the_run_did_not_evaluate_with(tmp_path):
     with pytest.raises(ValueError, match="no-alpha-at-inference"):
         AlphaLogitsProcessor.from_dir(out)
     assert AlphaLogitsProcessor.from_dir(out, force=True).params  # still loadable on request
+
+
+# -- an export knows its base ----------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    """An untrained calm export on the tiny base (seed 0): what is checked is whose it is."""
+    out = tmp_path_factory.mktemp("export")
+    cfg = C.parse_args(["--config", "tiny", "--mode", "letter"])
+    lm = load(cfg.model, device=torch.device("cpu"), seed=0)
+    col = Collator(lm.tokenizer, mode="letter", max_length=96)
+    ctx = Context(cfg=cfg, lm=lm, collator=col, train_examples=EX, calib_examples=EX,
+                  train_collator=col, option_token_ids=col.option_token_ids)
+    export_method(out, lm, methods.get("calm")(ctx))
+    return out, cfg, lm
+
+
+def test_the_export_records_the_base_name_and_fingerprint(exported):
+    import json
+
+    out, cfg, lm = exported
+    rec = json.loads((out / "base.json").read_text())
+    assert rec["name_or_path"] == "tiny" and rec["vocab_size"] == lm.vocab_size
+    assert len(rec["embedding_sha256"]) == 64 and len(rec["embedding_rows"]) == 5
+    check_base(out, lm)
+    check_base(out, load_base(cfg.model, seed=0)[0])  # a fresh copy of the same base
+    bf16 = dataclasses.replace(cfg.model, dtype="bf16")
+    check_base(out, load_base(bf16, seed=0)[0])  # the same base in bf16: the same fingerprint
+
+
+def test_an_adapter_or_alpha_on_another_base_is_refused(exported):
+    out, cfg, _ = exported
+    other, _ = load_base(cfg.model, seed=1)  # same architecture and vocabulary, other weights
+    with pytest.raises(BaseMismatch, match=r"was trained on 'tiny' \(embedding \[50280, 32\], "
+                                           r"fingerprint [0-9a-f]{12}\); this model has other weights"):
+        check_base(out, other)
+    with pytest.raises(BaseMismatch):
+        load_adapter(out, other)
+    with pytest.raises(BaseMismatch):
+        AlphaLogitsProcessor.from_dir(out, model=other)
+    wider, _ = load_base(cfg.model, seed=0)
+    wider.resize_token_embeddings(50288)
+    with pytest.raises(BaseMismatch, match="whose logits have 50280 entries; this model's have 50288"):
+        check_base(out, wider)
+    same, _ = load_base(cfg.model, seed=0)
+    assert isinstance(load_adapter(out, same), PeftModel)
+
+
+def test_the_processor_refuses_scores_of_another_vocabulary(exported):
+    out, _, lm = exported
+    proc = AlphaLogitsProcessor.from_dir(out)
+    assert proc.vocab_size == lm.vocab_size
+    proc(torch.zeros(1, 1, dtype=torch.long), torch.randn(1, lm.vocab_size))
+    with pytest.raises(ValueError, match=r"logits have 50280 entries, but these scores have 49152"):
+        proc(torch.zeros(1, 1, dtype=torch.long), torch.randn(1, 49152))
+
+
+def test_an_export_without_a_base_record_still_loads_but_cannot_be_checked(exported, tmp_path):
+    import shutil
+
+    out, _, lm = exported
+    old = tmp_path / "old"
+    shutil.copytree(out, old)
+    (old / "base.json").unlink()
+    assert AlphaLogitsProcessor.from_dir(old).vocab_size is None
+    with pytest.raises(FileNotFoundError, match="no base.json"):
+        check_base(old, lm)

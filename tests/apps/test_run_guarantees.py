@@ -272,3 +272,90 @@ def test_a_broken_config_file_is_named_with_the_line(tmp_path, name, text, needl
     assert main(["--config", str(tmp_path / name)]) == 2
     err = capsys.readouterr().err
     assert f"--config {tmp_path / name}: {needle}" in err and "line " in err
+
+
+# -- data the model sees differently from the file -------------------------------------------------
+def test_a_max_length_that_cuts_prompts_is_warned_about_with_the_count(finished, tmp_path, monkeypatch):
+    shutil.copytree(finished / "data", tmp_path / "data")
+    monkeypatch.chdir(tmp_path)
+    argv = ["--config", "tiny", "--methods", "none", "--n-boot", "0", "--max-length", "12",
+            "--data-files", "sciq=data/sciq.jsonl", "arc_easy=data/arc.jsonl"]
+    with pytest.warns(UserWarning, match=r"examples are longer than --max-length 12 tokens \("
+                                         r"train \d+ of \d+, calib \d+ of \d+, test/sciq 8 of 8"):
+        assert main([*argv, "--out", "cut"]) == 0
+
+
+# -- a --model this machine cannot load ------------------------------------------------------------
+def _no_data_loading(monkeypatch):
+    def refuse(cfg):
+        raise AssertionError("the data were loaded before the model was checked")
+
+    monkeypatch.setattr(train, "load_data", refuse)
+
+
+def test_a_hub_model_offline_and_not_cached_fails_in_one_line_before_the_data(tmp_path, monkeypatch,
+                                                                              capsys):
+    import huggingface_hub.constants
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    _no_data_loading(monkeypatch)
+    assert main(["--config", "tiny", "--model", "someorg/no-such-model-here", "--methods", "none"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "Traceback" not in err[0] and "Repo id" not in err[0]
+    assert err[0].startswith("error: --model someorg/no-such-model-here: not a local folder and "
+                             "not in the Hugging Face cache")
+    assert "huggingface-cli download someorg/no-such-model-here" in err[0]
+    assert not (tmp_path / "runs").exists()  # and no empty run folder is left behind
+
+
+def test_a_hub_model_that_cannot_be_downloaded_is_one_line_naming_the_option(monkeypatch):
+    from transformers import AutoModelForCausalLM
+
+    from apps.calm_llm.model import ModelLoadError, load_base
+
+    def unreachable(*args, **kwargs):  # what transformers raises after its retries, offline
+        raise OSError("We couldn't connect to 'https://huggingface.co' to load the files, and "
+                      "couldn't find them in the cached files.\nCheck your internet connection.")
+
+    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", unreachable)
+    with pytest.raises(ModelLoadError) as e:
+        load_base(C.ModelConfig(name_or_path="someorg/no-such-model-here"))
+    msg = str(e.value)
+    assert "\n" not in msg and msg.startswith("--model someorg/no-such-model-here: cannot load it "
+                                              "(We couldn't connect to 'https://huggingface.co'")
+    assert "HF_HUB_OFFLINE=1" in msg
+
+
+@pytest.mark.parametrize(("make", "needle"), [
+    (lambda d: str(d / "missing"), "no such folder"),
+    (lambda d: str(d), "the folder holds no config.json"),
+    (lambda d: "not a repo", "neither a local folder nor a hub name of the form ORG/NAME"),
+])
+def test_load_base_names_a_model_it_cannot_load(tmp_path, make, needle):
+    from apps.calm_llm.model import ModelLoadError, load_base
+
+    with pytest.raises(ModelLoadError, match=needle):
+        load_base(C.ModelConfig(name_or_path=make(tmp_path)))
+
+
+def test_logits_with_no_finite_entry_in_calms_upper_level_name_method_step_and_checkpoint(
+        tmp_path, monkeypatch, capsys):
+    """calibration.objectives.entropy refuses such rows with NonFiniteLogits, which is also a
+    FloatingPointError: the runner still reports it as a non-finite loss with its checkpoint."""
+    from apps.calm_llm import scoring
+
+    original, calls = scoring.answer_logits, []
+
+    def answer_logits(logits, batch):
+        calls.append(1)
+        out = original(logits, batch)
+        return torch.full_like(out, float("-inf")) if len(calls) > 2 else out
+
+    monkeypatch.setattr(scoring, "answer_logits", answer_logits)
+    rc = main(["--config", "tiny", "--methods", "calm", "--upper-objective", "answer_tokens",
+               "--steps", "3", "--checkpoint-every", "1", "--n-boot", "0", "--out", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert rc == 1
+    assert "[calm] non-finite loss at step" in err and "has no finite logit" in err
+    assert "last good checkpoint" in err

@@ -181,3 +181,60 @@ def test_lower_level_independent_of_outer_gives_zero_hypergradient():
             problem(lower=g), OUTER, INNER, upper_batch=None, lower_batch=None, method=method
         )
         assert torch.equal(h["a"], torch.zeros((), dtype=F64))
+
+
+# -- a diverging linear solver fails the same way whichever one it is ------------------------------
+def test_a_diverging_neumann_series_raises_like_fixed_point():
+    a = torch.diag(torch.tensor([1.0, 10.0], dtype=F64))  # lr = 1 > 2 / λ_max = 0.2: diverges
+    b = torch.ones(2, dtype=F64)
+    with pytest.raises(FloatingPointError, match=r"FixedPoint: ‖r‖² is inf at iteration \d+"):
+        linalg.FixedPoint(maxiter=400, lr=1.0)(lambda v: a @ v, b)
+    with pytest.raises(FloatingPointError) as e:
+        linalg.Neumann(steps=400, lr=1.0)(lambda v: a @ v, b)
+    msg = str(e.value)
+    assert msg.startswith("Neumann: the solution is non-finite (nan) after 400 iterations")
+    assert "lower lr (now 1)" in msg and "2 / λ_max(A)" in msg
+    with pytest.raises(FloatingPointError, match="Neumann: .* the right-hand side b is not finite"):
+        linalg.Neumann(steps=3, lr=0.1)(lambda v: a @ v, torch.tensor([1.0, float("inf")], dtype=F64))
+    # converging: unchanged
+    x = linalg.Neumann(steps=400, lr=0.1)(lambda v: a @ v, b)
+    assert torch.allclose(x, torch.tensor([1.0, 0.1], dtype=F64))
+
+
+def test_a_diverging_neumann_inside_aid_names_the_solver():
+    aid = bilevel.AID(3, 0.1, linear_solver=linalg.Neumann(steps=2000, lr=50.0))
+    with pytest.raises(FloatingPointError, match="Neumann: the solution is non-finite"):
+        run(aid, problem(), {"a": torch.tensor(0.5, dtype=F64)}, {"t": torch.zeros(3, dtype=F64)})
+
+
+# -- fit with optimizers that hold none of the tensors it was given ---------------------------------
+def _vars():
+    return ({"a": torch.tensor(0.5, dtype=F64, requires_grad=True)},
+            {"t": torch.zeros(3, dtype=F64, requires_grad=True)})
+
+
+def test_fit_refuses_optimizers_that_hold_none_of_the_given_tensors():
+    outer, inner = _vars()
+    copies = {"a": outer["a"].detach().clone().requires_grad_()}  # a copy: steps move only it
+    with pytest.raises(ValueError, match=r"fit: outer_optimizer holds none of the 1 outer tensors, "
+                                         "so its steps would change nothing; build it over"):
+        bilevel.fit(problem(), bilevel.BOME(2, 0.1), outer, inner, steps=3, progress=False,
+                    outer_optimizer=torch.optim.SGD(list(copies.values()), lr=0.1))
+    with pytest.raises(ValueError, match=r"outer_optimizer holds none of the 1 outer tensors, so "
+                                         r"its steps would change nothing \(it holds the inner ones: "
+                                         "are the two optimizers swapped"):
+        bilevel.fit(problem(), bilevel.BOME(2, 0.1), outer, inner, steps=3, progress=False,
+                    outer_optimizer=torch.optim.SGD([inner["t"]], lr=0.1),
+                    inner_optimizer=torch.optim.SGD([outer["a"]], lr=0.1))
+    with pytest.raises(ValueError, match="fit: inner_optimizer holds none of the 1 inner tensors"):
+        bilevel.fit(problem(), bilevel.BOME(2, 0.1), outer, inner, steps=3, progress=False,
+                    outer_optimizer=None, inner_optimizer=torch.optim.SGD(list(copies.values())))
+    # holding them (among others) is fine, and None still means "leave these alone"
+    extra = torch.zeros(2, requires_grad=True)
+    h = bilevel.fit(problem(), bilevel.BOME(2, 0.1), outer, inner, steps=2, progress=False,
+                    outer_optimizer=torch.optim.SGD([outer["a"], extra], lr=0.1),
+                    inner_optimizer=None)
+    assert len(h) == 2 and inner["t"].abs().sum() == 0  # no inner optimizer: θ left alone
+    bilevel.fit(problem(), bilevel.BOME(2, 0.1), outer, inner, steps=2, progress=False,
+                outer_optimizer=None, inner_optimizer=torch.optim.SGD([extra, inner["t"]], lr=0.1))
+    assert inner["t"].abs().sum() > 0

@@ -20,6 +20,7 @@ shares one prefix; one whose options are cut (each at its own place) gets one pr
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -54,10 +55,10 @@ class Collator:
         max_options: K, the number of option slots; questions with more options are an error.
         letter_prefix: text placed between "### Answer:" and the letter. Default " " for the
             paper style (the letter as this text is written, "Answer: A", and the convention
-            of the measurements in offline-assets.md) and "" for the chat style (after a
-            generation prompt the bare letter is what the model emits). The letter token is
-            what ``tok(prompt + prefix + letter)`` adds beyond ``tok(prompt)``; it must be
-            exactly one token.
+            under which the default model was measured, docs/data.md) and "" for the chat
+            style (after a generation prompt the bare letter is what the model emits). The
+            letter token is what ``tok(prompt + prefix + letter)`` adds beyond
+            ``tok(prompt)``; it must be exactly one token.
         share_prefix: cloze batches of all options (``options="all"``) encode each question's
             context once (`schema.Prefix`); off, every option repeats it (the plain layout that
             a single Hugging Face forward consumes).
@@ -196,11 +197,33 @@ class Collator:
             return self._letter(examples)
         return self._cloze(examples, options)
 
+    def sequences(
+        self, ex: MCQAExample | InstructionExample, options: str = "all"
+    ) -> list[tuple[list[int], int]]:
+        """(token ids, number of trailing answer tokens) of each sequence ``ex`` adds to a batch,
+        before any cut to ``max_length``: one for a letter or instruction example, one per
+        option in cloze mode (the gold option's alone with ``options="gold"``)."""
+        if isinstance(ex, InstructionExample):
+            prompt, response = self.instruction_texts(ex)
+            full, n_resp = self.continuation_ids(prompt, response)
+            if self.eos_id is not None:  # the model should also learn where to stop
+                full, n_resp = full + [self.eos_id], n_resp + 1
+            return [(full, n_resp)]
+        if self.mode == "letter":
+            return [(self.encode(self.letter_prompt_text(ex)) + [int(self.option_token_ids[ex.label])], 1)]
+        context, conts = self.cloze_texts(ex)
+        which = range(len(conts)) if options == "all" else [ex.label]
+        return [self.continuation_ids(context, conts[j]) for j in which]
+
+    def n_truncated(self, examples: Sequence[MCQAExample | InstructionExample]) -> int:
+        """How many of ``examples`` have a sequence longer than ``max_length`` input tokens,
+        i.e. a prompt that loses its left part (the question's start) when collated."""
+        return sum(
+            any(len(ids) - 1 > self.max_length for ids, _ in self.sequences(ex)) for ex in examples
+        )
+
     def _letter(self, examples: Sequence[MCQAExample]) -> Batch:
-        seqs = []
-        for ex in examples:
-            ids = self.encode(self.letter_prompt_text(ex)) + [int(self.option_token_ids[ex.label])]
-            seqs.append((ids, 1))
+        seqs = [self.sequences(ex)[0] for ex in examples]
         n = len(examples)
         return self._assemble(
             "letter",
@@ -217,10 +240,10 @@ class Collator:
     def _cloze(self, examples: Sequence[MCQAExample], options: str) -> Batch:
         seqs, seq_q, seq_o, chars = [], [], [], []
         for qi, ex in enumerate(examples):
-            context, conts = self.cloze_texts(ex)
+            _, conts = self.cloze_texts(ex)
             which = range(len(conts)) if options == "all" else [ex.label]
+            seqs.extend(self.sequences(ex, options))
             for j in which:
-                seqs.append(self.continuation_ids(context, conts[j]))
                 seq_q.append(qi)
                 seq_o.append(j)
                 chars.append(len(conts[j]))
@@ -278,13 +301,7 @@ class Collator:
         return self._batch("cloze", ids, mask, pos, tgt, prefix=prefix, **meta)
 
     def _instruction(self, examples: Sequence[InstructionExample]) -> Batch:
-        seqs = []
-        for ex in examples:
-            prompt, response = self.instruction_texts(ex)
-            full, n_resp = self.continuation_ids(prompt, response)
-            if self.eos_id is not None:  # the model should also learn where to stop
-                full, n_resp = full + [self.eos_id], n_resp + 1
-            seqs.append((full, n_resp))
+        seqs = [self.sequences(ex)[0] for ex in examples]
         n = len(examples)
         return self._assemble(
             "instruction",
@@ -362,6 +379,26 @@ class Collator:
             max_options=self.max_options,
             prefix=prefix,
         )
+
+
+def warn_truncated(counts: dict[str, tuple[int, int]], max_length: int) -> int:
+    """One warning for every split whose prompts ``--max-length`` cuts: ``counts`` maps a split
+    name to (truncated examples, examples) (`Collator.n_truncated`). Returns the total cut.
+
+    A cut prompt loses its left part, the question's start, and is scored anyway; without this
+    warning a too small ``--max-length`` would lower every score without a trace."""
+    cut = {name: (k, n) for name, (k, n) in counts.items() if k}
+    total = sum(k for k, _ in cut.values())
+    if total:
+        parts = ", ".join(f"{name} {k} of {n}" for name, (k, n) in cut.items())
+        warnings.warn(
+            f"{total} examples are longer than --max-length {max_length} tokens ({parts}): their "
+            "prompts lose their left part (the start of the question) and are scored that way; "
+            "raise --max-length to keep them whole",
+            UserWarning,
+            stacklevel=2,
+        )
+    return total
 
 
 def _pad_id(tokenizer: Any) -> int:

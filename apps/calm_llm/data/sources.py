@@ -8,23 +8,31 @@ Three ways in, one schema out:
     or a letter; optional ``id``), or Alpaca format (``instruction``, ``input``, ``output``).
 
 Ids are stable across runs and machines: ``source:original_id`` where the data has one, else
-``source:sha1(question + options)[:16]``; exact duplicates (same id) are dropped.
+``source:sha1(question + options)[:16]``; exact duplicates (same id, same content) are dropped.
+
+Nothing is merged or misread silently: two rows with one id but other content, the same question
+with two different answers, ``options`` that is not a list of texts, an empty question or option,
+a file that is not UTF-8 and a line that is not JSON each raise ``ValueError`` naming the file and
+the line (or row). A UTF-8 byte-order mark is accepted.
 """
 
 from __future__ import annotations
 
+import codecs
 import csv
 import gzip
 import hashlib
+import io
 import json
 import random
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from .prompts import LETTERS
 from .schema import InstructionExample, MCQAExample
+from .splits import content_key
 
 MCQA_SOURCES = ("mmlu", "medmcqa", "openbookqa", "arc_challenge", "arc_easy", "commonsense_qa", "sciq")
 INSTRUCTION_SOURCES = ("alpaca",)
@@ -94,14 +102,65 @@ def parse_label(value: Any, n_options: int, where: str) -> int:
     return idx
 
 
-def _dedupe(examples: list[Any]) -> list[Any]:
-    seen: set[str] = set()
+def _dedupe(located: list[tuple[Any, str]]) -> list[Any]:
+    """The examples without exact repeats (same id and content: one is kept, nothing is lost).
+
+    Refuses what a silent merge would get wrong: two rows with one id but other content (the
+    second would vanish), and the same question (`splits.content_key`: its options in any order,
+    up to case and spacing) with two different answers (one of the labels is wrong).
+    """
+    by_id: dict[str, tuple[Any, str]] = {}
+    answers: dict[str, tuple[str, MCQAExample, str]] = {}  # content key -> (gold, example, where)
     out = []
-    for ex in examples:
-        if ex.id not in seen:
-            seen.add(ex.id)
-            out.append(ex)
+    for ex, where in located:
+        seen = by_id.get(ex.id)
+        if seen is not None and seen[0] == ex:
+            continue
+        if isinstance(ex, MCQAExample):
+            key, gold = content_key(ex), _norm(ex.options[ex.label])
+            first = answers.setdefault(key, (gold, ex, where))
+            if first[0] != gold:
+                other = first[1]
+                raise ValueError(
+                    f"{where}: the same question as {first[2]} ({_short(ex.question)}) with another "
+                    f"answer: {ex.options[ex.label]!r} here, {other.options[other.label]!r} there; "
+                    "correct the label of one of them, or remove one"
+                )
+        if seen is not None:
+            raise ValueError(
+                f"{where}: id {ex.id!r} is also the id of {seen[1]}, whose question, options or "
+                "label differ; ids must be unique within a source: correct them, or drop the id "
+                "field to identify questions by their content"
+            )
+        by_id[ex.id] = (ex, where)
+        out.append(ex)
     return out
+
+
+def _norm(text: str) -> str:
+    return " ".join(text.casefold().split())
+
+
+def _short(text: str, n: int = 60) -> str:
+    return repr(text if len(text) <= n else text[: n - 1] + "…")
+
+
+def _check_texts(ex: MCQAExample | InstructionExample, where: str) -> None:
+    """An empty question or option would be scored like any other (a prompt with nothing to
+    answer, or an option the model can only guess at): refuse it, naming the row."""
+    if isinstance(ex, MCQAExample):
+        if not ex.question.strip():
+            raise ValueError(f"{where}: the question is empty; give it its text or remove the row")
+        for j, o in enumerate(ex.options):
+            if not o.strip():
+                raise ValueError(
+                    f"{where}: option {LETTERS[j] if j < len(LETTERS) else j + 1} is empty "
+                    f"(options: {list(ex.options)}); give it its text or remove it"
+                )
+    else:
+        for name in ("instruction", "output"):
+            if not getattr(ex, name).strip():
+                raise ValueError(f"{where}: the {name} is empty; give it its text or remove the row")
 
 
 # ---- per-source row mappers (the same for offline and hub rows) ---------------------------
@@ -157,22 +216,49 @@ def map_sciq(row: Row, seed: int = 0, where: str = "sciq") -> MCQAExample:
     return MCQAExample(qid, q, tuple(opts), opts.index(correct), "sciq")
 
 
+def _option_list(raw: Any, where: str) -> tuple[str, ...]:
+    """``options`` as texts: a list (or a JSON list in a string) of strings or numbers.
+
+    A dict would iterate over its keys and an int over nothing: both are refused, as is an
+    entry that is not text (None, a list, a dict, a bool)."""
+    if isinstance(raw, str):
+        try:
+            raw = json.loads(raw)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{where}: field 'options' is a string but not a JSON list") from e
+    if isinstance(raw, Mapping) or isinstance(raw, str) or not isinstance(raw, Sequence):
+        raise ValueError(
+            f"{where}: field 'options' must be a list of option texts, got {type(raw).__name__} "
+            f"{_short(str(raw))} (write e.g. \"options\": [\"Paris\", \"Rome\"], or columns A, B, ...)"
+        )
+    out = []
+    for j, o in enumerate(raw):
+        if isinstance(o, bool) or not isinstance(o, str | int | float):
+            raise ValueError(
+                f"{where}: option {j + 1} of 'options' is {type(o).__name__} {_short(str(o))}, "
+                "not a text; every option must be a string (or a number)"
+            )
+        out.append(str(o))
+    return tuple(out)
+
+
 def map_unified(row: Row, source: str, where: str) -> MCQAExample:
     """The unified file format: question, options (list, JSON list string, or A/B/... columns), label."""
     q = str(_field(row, "question", where))
     if "options" in row and row["options"] is not None:
-        raw = row["options"]
-        if isinstance(raw, str):
-            try:
-                raw = json.loads(raw)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{where}: field 'options' is a string but not a JSON list") from e
-        opts = tuple(str(o) for o in raw)
+        opts = _option_list(row["options"], where)
     else:
         cols = []
-        for letter in LETTERS:
+        for k, letter in enumerate(LETTERS):
             v = row.get(letter)
             if v is None or (isinstance(v, str) and v == ""):
+                # the options end at the first empty column: one after it would be lost
+                later = [x for x in LETTERS[k + 1 :] if row.get(x) not in (None, "")]
+                if later:
+                    raise ValueError(
+                        f"{where}: option column {letter} is empty but {later[0]} is not; the "
+                        "options are the columns A, B, ... up to the first empty one"
+                    )
                 break
             cols.append(str(v))
         if not cols:
@@ -276,30 +362,90 @@ def _hub_rows(name: str, spec: str) -> Iterable[tuple[Row, str]]:  # pragma: no 
         yield row, f"{spec}[{i}]"
 
 
-def read_rows(path: str | Path) -> list[dict[str, Any]]:
-    """Rows of a local .jsonl / .json / .csv / .parquet file as dicts."""
+def _text(p: Path) -> str:
+    """The file's text as UTF-8, a leading byte-order mark dropped (spreadsheet programs write
+    one); a byte that is not UTF-8 is named with its line."""
+    data = p.read_bytes()
+    if data.startswith(codecs.BOM_UTF8):
+        data = data[len(codecs.BOM_UTF8) :]
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data[: e.start].count(b"\n") + 1
+        raise ValueError(
+            f"{p} line {line}: not UTF-8 text (byte 0x{data[e.start]:02x}: {e.reason}); save the "
+            "file as UTF-8 (e.g. iconv -f latin1 -t utf-8 in.csv > out.csv)"
+        ) from e
+
+
+def _object(row: Any, where: str) -> dict[str, Any]:
+    if not isinstance(row, dict):
+        raise ValueError(f"{where}: expected an object with the fields, got {type(row).__name__}")
+    return row
+
+
+def read_located_rows(path: str | Path) -> list[tuple[dict[str, Any], str]]:
+    """Rows of a local .jsonl / .json / .csv / .parquet file, each with where it is in the file:
+    ``"<path> line N"`` (1-based; .jsonl and .csv) or ``"<path> row N"`` (.json and .parquet).
+
+    Raises ValueError naming the file and line for text that is not UTF-8, a .jsonl line that is
+    not one JSON object, a .json file that does not parse, and a CSV row with more fields than
+    its header.
+    """
     p = Path(path)
     if not p.is_file():
         raise FileNotFoundError(f"data file {p} does not exist")
     suffix = p.suffix.lower()
     if suffix == ".jsonl":
-        with p.open(encoding="utf-8") as fh:
-            return [json.loads(line) for line in fh if line.strip()]
+        out = []
+        # split on "\n" only: str.splitlines would also split inside a JSON string holding U+2028
+        for n, line in enumerate(_text(p).split("\n"), 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{p} line {n}: not valid JSON ({e.msg} at column {e.colno})") from e
+            out.append((_object(row, f"{p} line {n}"), f"{p} line {n}"))
+        return out
     if suffix == ".json":
-        data = json.loads(p.read_text(encoding="utf-8"))
+        try:
+            data = json.loads(_text(p))
+        except json.JSONDecodeError as e:
+            raise ValueError(
+                f"{p} line {e.lineno}: not valid JSON ({e.msg} at column {e.colno})"
+            ) from e
         if isinstance(data, dict) and isinstance(data.get("data"), list):
             data = data["data"]
         if not isinstance(data, list):
             raise ValueError(f"{p}: a .json data file must hold a list of objects (or {{'data': [...]}})")
-        return data
+        return [(_object(r, f"{p} row {i + 1}"), f"{p} row {i + 1}") for i, r in enumerate(data)]
     if suffix == ".csv":
-        with p.open(encoding="utf-8", newline="") as fh:
-            return list(csv.DictReader(fh))
+        reader = csv.DictReader(io.StringIO(_text(p), newline=""))
+        out = []
+        try:
+            for row in reader:
+                where = f"{p} line {reader.line_num}"  # the line the row ends on
+                if None in row:  # DictReader files surplus fields under the key None
+                    n_head = len(reader.fieldnames or [])
+                    raise ValueError(
+                        f"{where}: {n_head + len(row[None])} fields but the header has {n_head} "
+                        "columns (quote a field that holds a comma)"
+                    )
+                out.append((row, where))
+        except csv.Error as e:
+            raise ValueError(f"{p} line {reader.line_num}: not valid CSV ({e})") from e
+        return out
     if suffix == ".parquet":
         import pyarrow.parquet as pq
 
-        return pq.read_table(p).to_pylist()
+        return [(r, f"{p} row {i + 1}") for i, r in enumerate(pq.read_table(p).to_pylist())]
     raise ValueError(f"{p}: unsupported data file type {suffix!r} (use .jsonl, .json, .csv or .parquet)")
+
+
+def read_rows(path: str | Path) -> list[dict[str, Any]]:
+    """Rows of a local .jsonl / .json / .csv / .parquet file as dicts (`read_located_rows`)."""
+    return [row for row, _ in read_located_rows(path)]
 
 
 # ---- the entry point ----------------------------------------------------------------------
@@ -327,7 +473,10 @@ def load_source(
         seed: the subset's seed and SciQ's option shuffle.
 
     Raises:
-        ValueError: an unknown name, a missing required field (naming field and file).
+        ValueError: an unknown name, a missing required field, options that are not a list of
+            texts, an empty question or option, two rows with one id but other content, the same
+            question with two answers, text that is not UTF-8 or a line that is not JSON (each
+            naming the file and the line or row).
     """
     if path is not None and hub is not None:
         raise ValueError("pass at most one of path= and hub=")
@@ -342,17 +491,16 @@ def load_source(
         def mapper(r: Row, w: str) -> Any:
             return map_alpaca(r, name, w) if instruction else map_unified(r, name, w)
 
-        if path is not None:
-            rows = ((r, f"{path} row {i + 1}") for i, r in enumerate(read_rows(path)))
-        else:
-            rows = _hub_rows(name, hub)
+        rows = read_located_rows(path) if path is not None else _hub_rows(name, hub)
     else:
         raise ValueError(
             f"unknown data source {name!r}; known: {', '.join(SOURCES)} (or pass path= for a local "
             "file or hub= for a hub dataset)"
         )
-    examples = [mapper(r, w) for r, w in rows]
-    examples = _dedupe(examples)
+    located = [(mapper(r, w), w) for r, w in rows]
+    for ex, where in located:
+        _check_texts(ex, where)
+    examples = _dedupe(located)
     if limit is not None:
         if limit < 1:
             raise ValueError(f"limit must be >= 1, got {limit}")

@@ -106,7 +106,7 @@ def manifest_changes(saved: dict[str, Any], now: dict[str, Any]) -> list[str]:
     return out
 
 
-def _content_key(e: MCQAExample) -> str:
+def content_key(e: MCQAExample) -> str:
     """The question and its options (any order) up to case and spacing."""
     def norm(t: str) -> str:
         return " ".join(t.casefold().split())
@@ -121,13 +121,13 @@ def _remove_overlap(
     seen: dict[str, str] = {}  # content key -> the set it belongs to
     for name, exs in out_of_domain.items():
         for e in exs:
-            seen.setdefault(_content_key(e), name)
+            seen.setdefault(content_key(e), name)
     overlap: dict[str, int] = {}
     kept: dict[str, list[MCQAExample]] = {}
     for name, exs in in_domain.items():
         kept[name] = []
         for e in exs:
-            key = _content_key(e)
+            key = content_key(e)
             owner = seen.setdefault(key, name)
             if owner == name:
                 kept[name].append(e)
