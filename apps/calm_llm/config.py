@@ -260,7 +260,13 @@ class Config:
         "with --resume: continue even though the data no longer give the splits recorded in "
         "splits.json (methods evaluated before and after would mix the two)",
     )
-    seed: int = opt(0, "seed of splits, LoRA init, batch order and dropout")
+    seed: int = opt(0, "seed of LoRA init, batch order and dropout, and of the splits unless "
+                       "--split-seed is given")
+    split_seed: int = opt(
+        -1,
+        "seed of the data splits and source subsampling alone (-1: follow --seed); fix it to "
+        "compare seeds of training on the same questions",
+    )
     device: str = opt("auto", "'auto' (cuda when available), 'cpu', 'cuda', 'cuda:1', ...")
     fsdp: bool = opt(
         False,
@@ -539,13 +545,17 @@ def validate(cfg: Config) -> None:
         if isinstance(value, float) and not math.isfinite(value):
             # nan compares false with everything, so it would slip through every check below
             raise ConfigError(f"{name}: must be a finite number, got {value}")
-        if isinstance(value, int | float) and not isinstance(value, bool) and value < 0:
+        negative_ok = f.name == "split_seed"  # -1 = follow --seed
+        if isinstance(value, int | float) and not isinstance(value, bool) and value < 0 \
+                and not negative_ok:
             raise ConfigError(f"{name}: must be >= 0, got {value}")
     _check(len(cfg.methods) > 0, "--methods: give at least one method")
     for m in cfg.methods:
         _check(m in METHODS, f"--methods: unknown method {m!r} (known: {list(METHODS)})")
     _check(len(set(cfg.methods)) == len(cfg.methods), "--methods: a method is listed twice")
     m, d, t, c = cfg.model, cfg.data, cfg.train, cfg.calm
+    _check(cfg.split_seed >= -1, f"--split-seed: must be >= 0, or -1 to follow --seed, got "
+           f"{cfg.split_seed}")
     _check(cfg.n_bins >= 1, f"--n-bins: must be at least 1, got {cfg.n_bins}")
     # one resample has no spread: the interval's quantiles need at least two
     _check(cfg.n_boot != 1, "--n-boot: must be 0 (no intervals) or at least 2, got 1")
@@ -681,6 +691,11 @@ def needs_second_order(cfg: Config) -> bool:
     """True when some method differentiates through gradients (eager attention required)."""
     calm_like = {"calm", "calm_scalar"}
     return cfg.calm.solver in ("itd", "aid") and bool(calm_like & set(cfg.methods))
+
+
+def split_seed(cfg: Config) -> int:
+    """The seed of the data splits: --split-seed, or --seed when it is -1."""
+    return cfg.seed if cfg.split_seed < 0 else cfg.split_seed
 
 
 def calib_batch_size(cfg: Config) -> int:

@@ -32,6 +32,7 @@ from .config import (
     differences,
     needs_second_order,
     select_grid,
+    split_seed,
     variant_name,
     with_overrides,
 )
@@ -153,20 +154,20 @@ def base_method(row: str) -> str:
 
 # -- data ----------------------------------------------------------------------------------------
 def load_data(cfg: Config):
-    """Sources → splits (train / calib / per-source test / OOD), deterministic in the seed."""
+    """Sources → splits (train / calib / per-source test / OOD), deterministic in the split seed."""
     d = cfg.data
     files, hub = data_files(cfg), data_hub(cfg)
 
     def src(name: str, instruction: bool = False) -> list:
         return load_source(name, path=files.get(name), hub=hub.get(name),
-                           limit=d.source_limit or None, seed=cfg.seed, instruction=instruction)
+                           limit=d.source_limit or None, seed=split_seed(cfg), instruction=instruction)
 
     in_domain = {name: src(name) for name in d.in_domain}
     ood = {name: src(name) for name in d.out_of_domain}
     # --instruction-data NAME is Alpaca rows whatever NAME is
     instruction = src(d.instruction_data, instruction=True) if d.instruction_data else None
     return make_splits(in_domain, ood, n_train=d.n_train, n_calib=d.n_calib, n_test=d.n_test,
-                       n_ood=d.n_ood, seed=cfg.seed, instruction_train=instruction)
+                       n_ood=d.n_ood, seed=split_seed(cfg), instruction_train=instruction)
 
 
 # -- prediction ----------------------------------------------------------------------------------

@@ -118,3 +118,19 @@ def test_docs_options_tables_are_the_config():
 
     doc = (Path(__file__).resolve().parents[2] / "docs" / "calm.md").read_text()
     assert C.options_markdown() in doc, "regenerate docs/calm.md's Options with config.options_markdown()"
+
+
+def test_split_seed_fixes_the_questions_across_training_seeds():
+    from apps.calm_llm.train import load_data
+
+    def ids(argv):
+        s = load_data(C.parse_args(["--config", "tiny", *argv]))
+        return [e.id for e in s.train], [e.id for e in s.calib], {k: [e.id for e in v] for k, v in s.test.items()}
+
+    assert C.split_seed(C.parse_args(["--seed", "3"])) == 3  # -1 follows --seed
+    assert C.split_seed(C.parse_args(["--seed", "3", "--split-seed", "0"])) == 0
+    fixed = ids(["--seed", "0"])
+    assert ids(["--seed", "5", "--split-seed", "0"]) == fixed
+    assert ids(["--seed", "5"]) != fixed
+    with pytest.raises(C.ConfigError, match="--split-seed"):
+        C.parse_args(["--split-seed", "-2"])
