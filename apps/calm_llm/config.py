@@ -276,6 +276,17 @@ class Config:
     checkpoint_every: int = opt(10, "save a checkpoint every k optimizer steps (0 = off)")
     n_bins: int = opt(10, "bins of the ECE metrics and reliability diagrams")
     n_boot: int = opt(200, "bootstrap resamples for the ECE intervals")
+    zero_shot: bool = opt(
+        True,
+        "score the untrained model on every test set first and print its accuracy against "
+        "chance (--no-zero-shot skips it in runs of trained methods only)",
+    )
+    eval_calib: bool = opt(
+        False,
+        "also score the calibration split and record calib_nll, calib_conf_ece and "
+        "calib_accuracy for every method (the numbers a choice of settings may read; ts was "
+        "fitted on that split; always on for --select variants)",
+    )
     select: list[str] = opt(
         [],
         "choose an option by the calibration split: KEY=V1,V2,... (e.g. eta=0.1,0.5,0.9) trains "
@@ -323,7 +334,7 @@ class Config:
 
 
 # top-level options that do not change results (`Config.comparable` leaves them out)
-RUN_ONLY = ("out", "resume", "force_resume", "checkpoint_every", "fsdp", "report_to")
+RUN_ONLY = ("out", "resume", "force_resume", "checkpoint_every", "fsdp", "report_to", "zero_shot")
 # options read only when metrics are computed from predictions: a resume may change them
 EVAL_ONLY = ("n_bins", "n_boot")
 

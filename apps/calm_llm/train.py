@@ -305,6 +305,18 @@ def reevaluate(
     return changed
 
 
+def calib_metrics(ctx: Context, method: Method, row: str) -> dict[str, float]:
+    """NLL, conf-ECE and accuracy of a method on the calibration split, recorded as
+    extras so that settings can be chosen without looking at test or out-of-domain data."""
+    ol, y = predict_option_logits(ctx, method, ctx.calib_examples, f"{row} calib")
+    p = probabilities(method, ol)
+    return {
+        "calib_nll": calibration_metrics.nll(p, y),
+        "calib_conf_ece": calibration_metrics.conf_ece(p, y, n_bins=ctx.cfg.n_bins),
+        "calib_accuracy": calibration_metrics.accuracy(p, y),
+    }
+
+
 def selects(cls: type, grid: list[dict[str, Any]]) -> bool:
     """Whether a --select grid applies to a method: it trains, and (for calm.* options) it is
     one of the CALM family, the only methods that read them."""
@@ -425,7 +437,7 @@ def run(cfg: Config) -> dict[str, Any]:
             base_cache[es.name] = predict_option_logits(ctx, method, es.examples, es.name)
         return base_cache[es.name]
 
-    if not results:  # a fresh run: show that the model is above chance before training anything
+    if not results and cfg.zero_shot:  # show that the model is above chance before training
         probe = method_registry.get("none")(ctx)
         for es in eval_sets:
             ol, y = base_logits(es, probe)
@@ -476,9 +488,8 @@ def run(cfg: Config) -> dict[str, Any]:
         method.after_training(lambda ex, _m=method: predict_option_logits(mctx, _m, ex))
         # every rank took the same steps; a drift here would make rank 0's results not the run's
         dist.check_identical({**lm.inner(), **method.outer_params()}, f"[{row}] after training")
-        if select:  # the only number a --select choice may read: the calibration split's NLL
-            ol, y = predict_option_logits(mctx, method, mctx.calib_examples, f"{row} calib")
-            method.extras["calib_nll"] = calibration_metrics.nll(probabilities(method, ol), y)
+        if select or cfg.eval_calib:  # the only numbers a choice of settings may read
+            method.extras.update(calib_metrics(mctx, method, row))
         evaluate_method(method, row, mctx)
         if dist.main and method.trains:
             export.export_method(run_dir / "export" / row, lm, method)

@@ -260,3 +260,20 @@ def test_export_of_a_supported_alpha_applies_the_same_transform(tmp_path):
     mo = methods.get("calm")(opt)
     with pytest.raises(ValueError, match="option scores"):
         AlphaLogitsProcessor.from_dir(export_method(tmp_path / "o", opt.lm, mo))
+
+
+def test_eval_calib_records_the_calibration_split_of_every_method(tmp_path):
+    out = tmp_path / "run"
+    assert main([*TINY, "--methods", "none", "sft", "--steps", "2", "--eval-calib",
+                 "--out", str(out)]) == 0
+    res = json.loads((out / "metrics.json").read_text())["results"]
+    assert res["none"]["sciq"]["calib_nll"] > 0  # every method, trained or not
+    sft = res["sft"]["sciq"]
+    assert 0.0 <= sft["calib_conf_ece"] <= 1.0 and 0.0 <= sft["calib_accuracy"] <= 1.0
+    assert sft["calib_nll"] > 0 and sft["calib_nll"] == res["sft"]["arc_easy"]["calib_nll"]
+    # scoring the calibration split changes nothing else
+    assert main([*TINY, "--methods", "none", "sft", "--steps", "2", "--out", str(tmp_path / "b")]) == 0
+    plain = json.loads((tmp_path / "b" / "metrics.json").read_text())["results"]
+    for ds in ("sciq", "arc_easy"):
+        for key, value in plain["sft"][ds].items():
+            assert res["sft"][ds][key] == value, (ds, key)

@@ -1,0 +1,304 @@
+"""Studies: named grids of ordinary ``apps.calm_llm`` runs (settings × seeds), run as resumable
+cells and summarised over seeds.
+
+    python -m apps.study calm-dynamics --dry-run      # the cells and their estimated time
+    python -m apps.study calm-dynamics                # run (again: finished cells are skipped)
+    python -m apps.study calm-dynamics --summarize    # study.json + study.md from finished cells
+
+Each cell is a run directory ``<root>/<variant>-seed<k>`` made by ``python -m apps.calm_llm``
+in a subprocess, so a study can be killed at any time: a cell that was interrupted is resumed
+from its checkpoints (``--resume``), a finished one (every requested row in ``metrics.json``)
+is skipped. Seeds vary training (LoRA init, batch order, dropout) while ``--split-seed`` keeps
+the questions fixed, so the same questions are scored in every cell and the summary can pair
+them.
+
+The summary reports, per variant and row, the mean ± standard deviation over seeds of each
+metric, and a 95 % bootstrap interval of conf-ECE pooled over seeds that resamples *questions*
+(each drawn question brings its predictions from every seed), so seed noise and question noise
+are both in it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+METRICS = ("accuracy", "conf_ece", "cw_ece", "brier", "nll", "mean_confidence")
+CALIB = ("calib_nll", "calib_conf_ece", "calib_accuracy")
+
+
+@dataclasses.dataclass(frozen=True)
+class Variant:
+    """One setting of a study: the rows it trains (``--methods``) and its extra options."""
+
+    name: str
+    methods: tuple[str, ...]
+    args: tuple[str, ...] = ()
+    seeds: tuple[int, ...] | None = None  # None: the study's seeds
+    note: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class Study:
+    """A grid: options shared by every cell, variants, seeds, and measured costs for --dry-run."""
+
+    name: str
+    common: tuple[str, ...]
+    variants: tuple[Variant, ...]
+    seeds: tuple[int, ...]
+    # seconds, measured on the project's 2-core CPU machine (docs/calm.md): per optimizer step
+    # of each method family, per scored question, and per run (model load)
+    step_s: dict[str, float]
+    question_s: float
+    run_s: float
+    questions: int  # questions scored per prediction of a trained method (test + OOD + calib)
+    description: str = ""
+
+
+# the issue-9 comparison: CALM's old default, its new default, and the new settings beside SFT/TS
+CALM_DYNAMICS = Study(
+    name="calm-dynamics",
+    description="SmolLM2-135M-Instruct, cloze, SciQ -> ARC-Easy, 60 steps, split seed 0",
+    common=("--split-seed", "0", "--steps", "60", "--eval-calib", "--no-zero-shot"),
+    seeds=(0, 1, 2),
+    variants=(
+        Variant("reference", ("none", "ts"), seeds=(0,), note="no training: one seed suffices"),
+        Variant("default", ("sft", "calm"),
+                note="calm as configured now: alpha on answer tokens, bounded tau, calib batch 8"),
+        Variant("old", ("calm",), ("--alpha-support", "vocab", "--alpha-positivity", "log",
+                                   "--calib-batch-size", "4"),
+                note="calm's former default: alpha over the vocabulary, exp tau, calib batch 4"),
+        Variant("nll", ("calm",), ("--upper-loss", "nll"),
+                note="extension: upper loss = calibration-set NLL (optimum at calibration)"),
+        Variant("upper", ("calm",), ("--alpha-acts", "upper_and_inference"),
+                note="extension: alpha kept out of the lower loss"),
+    ),
+    step_s={"sft": 1.4, "calm": 6.0, "none": 0.0, "ts": 0.0},
+    question_s=0.12,
+    run_s=15.0,
+    questions=340,
+)
+
+STUDIES: dict[str, Study] = {s.name: s for s in (CALM_DYNAMICS,)}
+
+
+@dataclasses.dataclass(frozen=True)
+class Cell:
+    variant: Variant
+    seed: int
+
+    @property
+    def name(self) -> str:
+        return f"{self.variant.name}-seed{self.seed}"
+
+    def argv(self, study: Study) -> list[str]:
+        return [*study.common, "--seed", str(self.seed), "--methods", *self.variant.methods,
+                *self.variant.args]
+
+
+def cells(study: Study) -> list[Cell]:
+    """Variant-major order, so that the first variants have every seed before later ones start."""
+    return [Cell(v, s) for v in study.variants for s in (v.seeds or study.seeds)]
+
+
+def _steps(study: Study) -> int:
+    return int(study.common[study.common.index("--steps") + 1]) if "--steps" in study.common else 24
+
+
+def estimate_s(study: Study, cell: Cell) -> float:
+    """Estimated seconds of a cell from the study's measured costs."""
+    family = {m: "calm" if m.startswith("calm") else m for m in cell.variant.methods}
+    train = sum(study.step_s.get(family[m], 0.0) for m in cell.variant.methods) * _steps(study)
+    # every method is scored on test + OOD + calib; calm also without alpha
+    scored = sum(2 if m.startswith("calm") else 1 for m in cell.variant.methods)
+    return study.run_s + train + scored * study.questions * study.question_s
+
+
+def done(run_dir: Path, cell: Cell) -> bool:
+    """Whether every requested method has its row in the cell's metrics.json."""
+    f = run_dir / "metrics.json"
+    if not f.is_file():
+        return False
+    try:
+        results = json.loads(f.read_text())["results"]
+    except (OSError, ValueError, KeyError):
+        return False
+    return all(m in results for m in cell.variant.methods)
+
+
+def run(study: Study, root: Path, *, dry_run: bool = False, python: str = sys.executable) -> int:
+    """Run every unfinished cell in order; one progress line per cell with the study's ETA."""
+    todo = [c for c in cells(study) if not done(root / c.name, c)]
+    est = {c.name: estimate_s(study, c) for c in todo}
+    print(f"study {study.name}: {len(cells(study))} cells, {len(todo)} to run, "
+          f"estimated {sum(est.values()) / 60:.0f} min ({study.description})")
+    if dry_run:
+        for c in cells(study):
+            state = "done" if c not in todo else f"~{est[c.name] / 60:.1f} min"
+            print(f"  {c.name:<22} {state:<10} python -m apps.calm_llm {' '.join(c.argv(study))}")
+        return 0
+    root.mkdir(parents=True, exist_ok=True)
+    log = root / "cells.jsonl"
+    failures = 0
+    t_start, spent, predicted = time.time(), 0.0, 0.0
+    for i, c in enumerate(todo):
+        run_dir = root / c.name
+        where = ["--resume", str(run_dir)] if (run_dir / "config.json").is_file() else \
+            ["--out", str(run_dir)]
+        argv = [python, "-m", "apps.calm_llm", *(c.argv(study) if where[0] == "--out" else []), *where]
+        # measured cells rescale the estimate of the rest
+        scale = spent / predicted if predicted else 1.0
+        eta = scale * sum(est[x.name] for x in todo[i:]) / 60
+        print(f"[{i + 1}/{len(todo)}] {c.name}: started {time.strftime('%H:%M')}, study ETA "
+              f"{eta:.0f} min", flush=True)
+        t0 = time.time()
+        with open(root / f"{c.name}.log", "a") as out:
+            rc = subprocess.call(argv, stdout=out, stderr=subprocess.STDOUT)
+        dt = time.time() - t0
+        spent, predicted = spent + dt, predicted + est[c.name]
+        with open(log, "a") as f:
+            f.write(json.dumps({"cell": c.name, "rc": rc, "seconds": round(dt, 1),
+                                "argv": argv[3:]}) + "\n")
+        print(f"[{i + 1}/{len(todo)}] {c.name}: {'done' if rc == 0 else f'FAILED (rc {rc})'} in "
+              f"{dt / 60:.1f} min (log {run_dir}.log)", flush=True)
+        failures += rc != 0
+    print(f"study {study.name}: {len(todo) - failures} cells run, {failures} failed, "
+          f"{(time.time() - t_start) / 60:.0f} min")
+    return 1 if failures else 0
+
+
+# -- summary -------------------------------------------------------------------------------------
+def _predictions(run_dir: Path) -> dict[str, Any]:
+    from safetensors.torch import load_file
+
+    return load_file(str(run_dir / "predictions.safetensors"))
+
+
+def pooled_interval(probs: list[np.ndarray], labels: np.ndarray, *, n_boot: int = 1000,
+                    n_bins: int = 10, seed: int = 0) -> tuple[float, float]:
+    """95 % interval of the mean-over-seeds conf-ECE, resampling questions jointly across seeds.
+
+    ``probs``: one (N, K) array per seed, rows aligned on the same N questions; ``labels``: (N,).
+    """
+    import torch
+
+    from calibration.metrics import conf_ece
+
+    rng = np.random.default_rng(seed)
+    n = labels.shape[0]
+    values = np.empty(n_boot)
+    for b in range(n_boot):
+        idx = rng.integers(0, n, n)
+        values[b] = np.mean([conf_ece(torch.from_numpy(p[idx]), torch.from_numpy(labels[idx]),
+                                      n_bins=n_bins) for p in probs])
+    return float(np.quantile(values, 0.025)), float(np.quantile(values, 0.975))
+
+
+def summarize(study: Study, root: Path, *, n_boot: int = 1000) -> dict[str, Any]:
+    """Collect finished cells into ``study.json`` and ``study.md`` under ``root``."""
+    rows: dict[str, dict[str, Any]] = {}
+    for c in cells(study):
+        run_dir = root / c.name
+        if not done(run_dir, c):
+            continue
+        results = json.loads((run_dir / "metrics.json").read_text())["results"]
+        preds = _predictions(run_dir)
+        for row, per_ds in results.items():
+            key = f"{c.variant.name}/{row}"
+            entry = rows.setdefault(key, {"variant": c.variant.name, "row": row, "seeds": [],
+                                          "datasets": {}})
+            entry["seeds"].append(c.seed)
+            for ds, r in per_ds.items():
+                d = entry["datasets"].setdefault(ds, {"domain": r["domain"], "values": {},
+                                                      "_probs": [], "_labels": None})
+                for m in (*METRICS, *CALIB):
+                    if m in r:
+                        d["values"].setdefault(m, []).append(float(r[m]))
+                p = preds.get(f"{row}/{ds}/probs")  # (N, K_max), zero-padded options
+                if p is not None:
+                    d["_probs"].append(p.double().numpy())
+                    d["_labels"] = preds[f"{row}/{ds}/labels"].numpy()
+    for entry in rows.values():
+        for d in entry["datasets"].values():
+            d["mean"] = {m: float(np.mean(v)) for m, v in d["values"].items()}
+            d["std"] = {m: float(np.std(v, ddof=1)) if len(v) > 1 else 0.0
+                        for m, v in d["values"].items()}
+            if d["_probs"]:
+                d["conf_ece_pooled_ci"] = pooled_interval(d["_probs"], d["_labels"], n_boot=n_boot)
+            del d["_probs"], d["_labels"]
+    out = {"study": study.name, "description": study.description, "rows": rows,
+           "variants": {v.name: {"methods": list(v.methods), "args": list(v.args), "note": v.note}
+                        for v in study.variants},
+           "common": list(study.common)}
+    (root / "study.json").write_text(json.dumps(out, indent=1))
+    (root / "study.md").write_text(markdown(out))
+    return out
+
+
+def markdown(summary: dict[str, Any]) -> str:
+    """Tables: one per dataset, mean ± std over seeds, pooled 95 % interval of conf-ECE."""
+    lines = [f"# Study {summary['study']}", "", summary["description"], ""]
+    datasets: dict[str, str] = {}
+    for e in summary["rows"].values():
+        for ds, d in e["datasets"].items():
+            datasets.setdefault(ds, d["domain"])
+    for ds, domain in datasets.items():
+        lines += [f"## {ds} ({domain})", "",
+                  "| variant / row | seeds | accuracy | conf-ECE | pooled 95% CI | cw-ECE | Brier | "
+                  "NLL | confidence | calib NLL | calib conf-ECE |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|"]
+        for key, e in summary["rows"].items():
+            d = e["datasets"].get(ds)
+            if d is None:
+                continue
+
+            def cell(m: str) -> str:
+                if m not in d["mean"]:
+                    return "–"
+                return f"{d['mean'][m]:.3f} ± {d['std'][m]:.3f}"
+
+            ci = d.get("conf_ece_pooled_ci")
+            ci_s = f"[{ci[0]:.3f}, {ci[1]:.3f}]" if ci else "–"
+            lines.append(f"| {key} | {len(e['seeds'])} | {cell('accuracy')} | {cell('conf_ece')} | "
+                         f"{ci_s} | {cell('cw_ece')} | {cell('brier')} | {cell('nll')} | "
+                         f"{cell('mean_confidence')} | {cell('calib_nll')} | {cell('calib_conf_ece')} |")
+        lines.append("")
+    lines += ["## Variants", ""]
+    for name, v in summary["variants"].items():
+        lines.append(f"- `{name}`: `--methods {' '.join(v['methods'])} {' '.join(v['args'])}` "
+                     f"— {v['note']}")
+    lines += ["", f"Every cell: `python -m apps.calm_llm {' '.join(summary['common'])} --seed K ...`", ""]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m apps.study", description=__doc__.split("\n\n")[0])
+    ap.add_argument("name", choices=sorted(STUDIES))
+    ap.add_argument("--root", default="", help="folder of the cells (default: runs/study-NAME)")
+    ap.add_argument("--dry-run", action="store_true", help="print the cells and estimated time")
+    ap.add_argument("--summarize", action="store_true",
+                    help="only write study.json/study.md from the finished cells")
+    ap.add_argument("--n-boot", type=int, default=1000, help="resamples of the pooled interval")
+    a = ap.parse_args(argv)
+    study = STUDIES[a.name]
+    root = Path(a.root or f"runs/study-{study.name}")
+    if a.summarize:
+        summarize(study, root, n_boot=a.n_boot)
+        print((root / "study.md").read_text())
+        return 0
+    rc = run(study, root, dry_run=a.dry_run)
+    if not a.dry_run:
+        summarize(study, root, n_boot=a.n_boot)
+    return rc
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

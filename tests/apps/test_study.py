@@ -1,0 +1,73 @@
+"""apps.study: cells are ordinary runs, finished cells are skipped, the summary pools seeds."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from apps import study as S
+from calibration.metrics import conf_ece
+
+TINY = S.Study(
+    name="tiny",
+    description="tiny model",
+    common=("--config", "tiny", "--n-boot", "0", "--split-seed", "0", "--steps", "2",
+            "--eval-calib", "--no-zero-shot"),
+    seeds=(0, 1),
+    variants=(S.Variant("reference", ("none",), seeds=(0,)),
+              S.Variant("sft", ("sft",), note="plain fine-tuning")),
+    step_s={"sft": 1.0}, question_s=0.01, run_s=1.0, questions=24,
+)
+
+
+def test_cells_run_skip_and_summarize(tmp_path, capsys):
+    root = tmp_path / "study"
+    assert [c.name for c in S.cells(TINY)] == ["reference-seed0", "sft-seed0", "sft-seed1"]
+    assert S.run(TINY, root, dry_run=True) == 0
+    assert "3 to run" in capsys.readouterr().out and not root.exists()
+
+    assert S.run(TINY, root) == 0
+    log = [json.loads(line) for line in (root / "cells.jsonl").read_text().splitlines()]
+    assert [e["cell"] for e in log] == ["reference-seed0", "sft-seed0", "sft-seed1"]
+    assert all(e["rc"] == 0 for e in log)
+    # the split seed keeps the questions fixed across training seeds
+    splits = [json.loads((root / c / "splits.json").read_text()) for c in ("sft-seed0", "sft-seed1")]
+    assert splits[0]["splits"] == splits[1]["splits"]
+
+    # a second run has nothing left to do
+    assert S.run(TINY, root) == 0
+    assert len((root / "cells.jsonl").read_text().splitlines()) == 3
+
+    # a cell killed after it wrote its config is resumed, not restarted
+    (root / "sft-seed1" / "metrics.json").unlink()
+    assert not S.done(root / "sft-seed1", S.cells(TINY)[2])
+    assert S.run(TINY, root) == 0
+    last = json.loads((root / "cells.jsonl").read_text().splitlines()[-1])
+    assert last["argv"] == ["--resume", str(root / "sft-seed1")] and last["rc"] == 0
+
+    out = S.summarize(TINY, root, n_boot=50)
+    row = out["rows"]["sft/sft"]
+    assert row["seeds"] == [0, 1]
+    per_seed = [json.loads((root / f"sft-seed{k}" / "metrics.json").read_text())["results"]["sft"]
+                for k in (0, 1)]
+    d = row["datasets"]["sciq"]
+    assert d["mean"]["conf_ece"] == pytest.approx(np.mean([r["sciq"]["conf_ece"] for r in per_seed]))
+    assert d["std"]["accuracy"] == pytest.approx(np.std([r["sciq"]["accuracy"] for r in per_seed], ddof=1))
+    assert "calib_nll" in d["mean"]
+    lo, hi = d["conf_ece_pooled_ci"]
+    assert 0.0 <= lo <= hi <= 1.0
+    assert "| sft/sft | 2 |" in (root / "study.md").read_text()
+    assert out["rows"]["reference/none"]["datasets"]["sciq"]["std"]["accuracy"] == 0.0
+
+
+def test_pooled_interval_resamples_questions_jointly():
+    rng = np.random.default_rng(0)
+    labels = rng.integers(0, 3, 40)
+    probs = [rng.dirichlet(np.ones(3), 40) for _ in range(3)]
+    lo, hi = S.pooled_interval(probs, labels, n_boot=200)
+    mean = np.mean([conf_ece(torch.from_numpy(p), torch.from_numpy(labels)) for p in probs])
+    assert lo < mean < hi
+    # identical seeds: the pooled interval is the single-seed bootstrap of the same resamples
+    same = S.pooled_interval([probs[0]] * 3, labels, n_boot=200)
+    assert same == pytest.approx(S.pooled_interval([probs[0]], labels, n_boot=200))
