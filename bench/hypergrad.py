@@ -17,6 +17,13 @@ version of the same computation (implementation error only). Unrolled runs start
 they estimate the same implicit hypergradient (a truncated Neumann series of H⁻¹).
 
 Writes bench/results/hypergrad[_quick].json (one record per measurement) and .md.
+
+    python -m bench.hypergrad --warm-start [--quick] [--problems ...]
+
+instead counts the CG iterations of ``bilevel.AID`` over a run of outer steps with and
+without ``warm_start`` (the previous step's v as the solve's init), side by side, in float64
+(tolerance-based CG: an iteration count, not a time), and writes
+bench/results/warm_start[_quick].md.
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ import json
 import math
 import sys
 import traceback
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -265,6 +273,87 @@ def render(records: list[dict[str, Any]], meta: dict[str, Any]) -> str:
     return "\n".join(text) + "\n"
 
 
+def warm_start_iterations(
+    p: BenchProblem,
+    *,
+    outer_steps: int = 10,
+    inner_steps: int = 5,
+    outer_lr: float = 0.01,
+    tol: float = 1e-6,
+    maxiter: int = 1000,
+) -> dict[str, Any]:
+    """CG iterations per outer step of AID on ``p`` with and without warm start.
+
+    Each run starts at the benchmark point (α, θ ≈ θ*), takes ``outer_steps`` Adam steps of
+    size ``outer_lr`` on α along AID's hypergradient and copies θ^(T) (``inner_steps``
+    gradient steps of size 1/λ_max) into θ after each step; CG stops at relative residual
+    ``tol``. Returns both iteration lists and the largest relative difference between the
+    two runs' hypergradients and how many steps of each run CG stopped at negative curvature.
+    """
+    import bilevel
+
+    problem = bilevel.Problem(upper=p.upper, lower=p.lower)
+    iters, grads, breakdowns = {}, {}, {}
+    for warm in (False, True):
+        outer = p.alpha.clone().requires_grad_()
+        inner = [t.clone().requires_grad_() for t in p.theta]
+        solver = bilevel.AID(
+            inner_steps,
+            p.inner_lr,
+            linear_solver=bilevel.linalg.CG(maxiter=maxiter, tol=tol),
+            warm_start=warm,
+        )
+        seen: list[torch.Tensor] = []
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", RuntimeWarning)
+            history = bilevel.fit(
+                problem, solver, outer, inner, steps=outer_steps, progress=False,
+                outer_optimizer=torch.optim.Adam([outer], lr=outer_lr), inner_update="solution",
+                upper_batch=p.upper_batch, lower_batch=p.lower_batch,
+                callback=lambda k, r, seen=seen: seen.append(r.outer_grad.clone()),
+            )
+        iters[warm], grads[warm] = history.column("solver_iterations"), seen
+        # CG stops where pᵀAp ≤ 0 (a non-convex lower level): count those steps
+        breakdowns[warm] = sum("not positive definite" in str(w.message) for w in caught)
+    diff = max(harness.rel_error(w, c) for w, c in zip(grads[True], grads[False]))
+    return {
+        "cold": iters[False],
+        "warm": iters[True],
+        "max_rel_diff": diff,
+        "breakdowns": (breakdowns[False], breakdowns[True]),
+    }
+
+
+def warm_start_table(names: list[str], quick: bool, out: Path) -> str:
+    """Run :func:`warm_start_iterations` on each problem and size; print and save a table."""
+    lines = [
+        "# AID warm start: CG iterations per outer step (float64, CG tol 1e-6)",
+        "",
+        "10 outer Adam steps (lr 0.01) from the benchmark point, θ ← θ^(T) after 5 inner steps.",
+        "",
+        "| problem | size | cold: iterations per step | warm: iterations per step | "
+        "cold total | warm total | saved | max rel. diff of dF/dα | pᵀAp ≤ 0 stops (cold/warm) |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name in names:
+        for size in (QUICK if quick else FULL)[name][:2]:
+            torch.manual_seed(0)
+            p = build(name, size).cast(torch.float64)
+            r = warm_start_iterations(p)
+            cold, warm = sum(r["cold"]), sum(r["warm"])
+            row = (
+                f"| {name} | {p.size} | {' '.join(f'{x:.0f}' for x in r['cold'])} | "
+                f"{' '.join(f'{x:.0f}' for x in r['warm'])} | {cold:.0f} | {warm:.0f} | "
+                f"{100 * (cold - warm) / cold:.0f} % | {r['max_rel_diff']:.1e} | "
+                f"{r['breakdowns'][0]}/{r['breakdowns'][1]} |"
+            )
+            print(row, flush=True)
+            lines.append(row)
+    text = "\n".join(lines) + "\n"
+    out.write_text(text)
+    return text
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument(
@@ -296,7 +385,17 @@ def main(argv: list[str] | None = None) -> int:
         "--render", type=Path, default=None, help="only re-render this JSON file's table"
     )
     ap.add_argument("--no-memory", action="store_true", help="skip the peak-memory runs (CI)")
+    ap.add_argument(
+        "--warm-start",
+        action="store_true",
+        help="only count AID's CG iterations with and without warm start (side by side)",
+    )
     args = ap.parse_args(argv)
+    if args.warm_start:
+        torch.set_num_threads(args.threads)
+        stem = harness.RESULTS / f"warm_start{'_quick' if args.quick else ''}"
+        warm_start_table(args.problems, args.quick, stem.with_suffix(".md"))
+        return 0
 
     if args.render is not None:
         data = json.loads(args.render.read_text())

@@ -6,7 +6,9 @@ Public API::
 
     problem = bilevel.Problem(upper=f, lower=g)          # f, g: (outer, inner, batch) -> scalar
     bilevel.hypergrad(problem, outer, inner, upper_batch=..., lower_batch=...,
-                      method=bilevel.Unrolled(steps=T, lr=β) | bilevel.Implicit(bilevel.linalg.CG()))
+                      method=bilevel.Unrolled(steps=T, lr=β) | bilevel.Implicit(bilevel.linalg.CG()),
+                      return_info=False)
+    bilevel.Implicit(linear_solver=solve)   # any solve(matvec, b, init=None) -> (x, info)
     solver = bilevel.BOME(10, 0.1) | bilevel.ITD(10, 0.1) | bilevel.AID(10, 0.1)
     result = solver.step(problem, outer, inner, upper_batch=..., lower_batch=...)
     bilevel.fit(problem, solver, outer, inner, steps=..., outer_optimizer=..., inner_optimizer=...)
@@ -15,14 +17,18 @@ See docs/bilevel.md for the formulas, costs and a runnable example.
 """
 
 from . import linalg, tree
-from .hypergrad import Implicit, Unrolled, hypergrad
+from ._hypergrad import Estimate, HypergradMethod, Implicit, Unrolled, hypergrad
 from .loop import History, apply, fit
 from .problem import Problem
 from .solvers import AID, BOME, ITD, StepResult
 
+__version__ = "0.1.0"
+
 __all__ = [
     "AID",
     "BOME",
+    "Estimate",
+    "HypergradMethod",
     "ITD",
     "History",
     "Implicit",
@@ -33,5 +39,6 @@ __all__ = [
     "fit",
     "hypergrad",
     "linalg",
+    "__version__",
     "tree",
 ]

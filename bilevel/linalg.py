@@ -1,39 +1,79 @@
 """Linear solvers for A x = b where A is only available as a matrix-vector product.
 
-Each solver is a frozen dataclass, callable as ``solver(matvec, b) -> x`` over pytrees:
-``matvec`` maps a pytree shaped like ``b`` to a pytree shaped like ``b``. In implicit
-differentiation A is the lower-level Hessian ∇²_θθ g (symmetric, positive definite near a
-strict minimum) and b = ∇_θ f.
+The protocol (what ``Implicit(linear_solver=...)`` and ``AID(linear_solver=...)`` accept)
+is the one of jaxopt and torchopt: any callable
 
-Internally every solver runs on flat lists of leaves (``solve_list``), so that the hot loop
-never walks the tree; :mod:`bilevel.hypergrad` calls ``solve_list`` directly.
+    solve(matvec, b, init=None) -> (x, info)
+
+where ``b``, ``init`` and ``x`` are *lists of tensors* (the leaves of the inner variables θ,
+in ``bilevel.tree.leaves`` order; a list is itself a pytree, so ``bilevel.tree`` works on
+it), ``matvec`` maps such a list to a list of the same shapes, ``init`` is a starting guess
+for x (None: start from 0; a solver is free to ignore it) and ``info`` is a dict of Python
+floats or 0-dim tensors (diagnostics; ``hypergrad(..., return_info=True)`` and the AID
+solver report them as ``solver_<key>``). In implicit differentiation A is the lower-level
+Hessian ∇²_θθ g (symmetric, positive definite near a strict minimum) and b = ∇_θ f.
+
+The shipped solvers are frozen dataclasses with checked options; ``solver.solve`` is the
+protocol callable, and ``solve_cg(**options)`` etc. return it (an unknown option is a
+``ValueError`` naming it). Called directly, ``solver(matvec, b)`` solves over any pytree and
+returns x alone.
 
 =============  ===========================================  ============================
 solver         iteration                                   matvecs
 =============  ===========================================  ============================
-CG             conjugate gradients (A symmetric pos. def.)  ≤ maxiter
-Neumann        x = lr Σ_{k=0}^{steps} (I − lr A)^k b         steps
-FixedPoint     x ← x + lr (b − A x) until ‖b − Ax‖ ≤ tol‖b‖  ≤ maxiter − 1
+CG             conjugate gradients (A symmetric pos. def.)  ≤ maxiter (+1 with init)
+Neumann        x = lr Σ_{k=0}^{steps} (I − lr A)^k b         steps (+1 with init)
+FixedPoint     x ← x + lr (b − A x) until ‖b − Ax‖ ≤ tol‖b‖  ≤ maxiter − 1 (+1 with init)
 Dense          materializes A column by column, LU solve    n (= total size of b)
 =============  ===========================================  ============================
+
+``info`` keys: CG ``iterations`` and ``residual`` (‖b − A x‖ of the recursive residual);
+Neumann ``iterations``; FixedPoint ``iterations`` and ``residual``; Dense ``iterations``
+(= n). ``iterations`` counts the matvecs of the iteration itself, not the one that forms
+the starting residual b − A·init.
 """
 
 from __future__ import annotations
 
+import inspect
 import math
 import warnings
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, fields
+from typing import Any, Protocol
 
 import torch
 
 from . import tree
 from ._checks import check_int, check_nonnegative, check_positive
 
-__all__ = ["CG", "Dense", "FixedPoint", "LinearSolver", "Neumann"]
+__all__ = [
+    "CG",
+    "Dense",
+    "FixedPoint",
+    "LinearSolve",
+    "LinearSolver",
+    "Neumann",
+    "as_linear_solve",
+    "solve_cg",
+    "solve_dense",
+    "solve_fixed_point",
+    "solve_neumann",
+]
 
 ListMatvec = Callable[[list[torch.Tensor]], list[torch.Tensor]]
+Info = dict[str, "float | torch.Tensor"]
+
+
+class LinearSolve(Protocol):
+    """``solve(matvec, b, init=None) -> (x, info)`` over lists of tensors (module docstring)."""
+
+    def __call__(
+        self,
+        matvec: ListMatvec,
+        b: list[torch.Tensor],
+        init: list[torch.Tensor] | None = None,
+    ) -> tuple[list[torch.Tensor], Info]: ...
 
 
 def _as_list_matvec(matvec: Callable[[Any], Any], spec: tree.TreeSpec) -> ListMatvec:
@@ -49,6 +89,33 @@ def _as_list_matvec(matvec: Callable[[Any], Any], spec: tree.TreeSpec) -> ListMa
     return mv
 
 
+def _with_ridge(matvec: ListMatvec, ridge: float) -> ListMatvec:
+    """x ↦ (A + ridge·I) x; ``matvec`` itself when ridge = 0 (no extra operation)."""
+    if ridge == 0.0:
+        return matvec
+    return lambda xs: torch._foreach_add(matvec(xs), xs, alpha=ridge)
+
+
+def _check_init(
+    init: Sequence[torch.Tensor], b: Sequence[torch.Tensor], owner: str
+) -> list[torch.Tensor]:
+    """A fresh copy of ``init`` in b's dtypes and devices; ValueError unless shaped like b."""
+    init = list(init)
+    if len(init) != len(b) or any(x.shape != y.shape for x, y in zip(init, b)):
+        raise ValueError(
+            f"{owner}: init must be shaped like b, got shapes "
+            f"{[tuple(x.shape) for x in init]} for b of shapes {[tuple(y.shape) for y in b]}"
+        )
+    return [x.detach().to(dtype=y.dtype, device=y.device).clone() for x, y in zip(init, b)]
+
+
+def _residual(
+    matvec: ListMatvec, b: list[torch.Tensor], x: list[torch.Tensor]
+) -> list[torch.Tensor]:
+    """b − A x (a new list)."""
+    return torch._foreach_sub(b, matvec(x))
+
+
 def _finite(value: float, solver: str, what: str, iteration: int) -> float:
     if not math.isfinite(value):
         raise FloatingPointError(
@@ -60,29 +127,59 @@ def _finite(value: float, solver: str, what: str, iteration: int) -> float:
 
 
 class LinearSolver:
-    """Base class: ``__call__`` over pytrees, ``solve_list`` over flat lists of leaves."""
+    """Base class: ``solve`` is the protocol over lists, ``__call__`` a pytree convenience."""
 
-    def solve_list(
-        self, matvec: ListMatvec, b: Sequence[torch.Tensor]
-    ) -> tuple[list[torch.Tensor], dict[str, float]]:  # pragma: no cover - abstract
+    def solve(
+        self,
+        matvec: ListMatvec,
+        b: Sequence[torch.Tensor],
+        init: Sequence[torch.Tensor] | None = None,
+    ) -> tuple[list[torch.Tensor], Info]:  # pragma: no cover - abstract
         raise NotImplementedError
 
-    def __call__(self, matvec: Callable[[Any], Any], b: Any) -> Any:
-        """Solve ``matvec(x) = b`` for ``x`` (a pytree shaped like ``b``)."""
+    def __call__(self, matvec: Callable[[Any], Any], b: Any, init: Any = None) -> Any:
+        """Solve ``matvec(x) = b`` for ``x`` (a pytree shaped like ``b``); returns x alone."""
         bl, spec = tree.flatten(b, name="b")
-        x, _ = self.solve_list(_as_list_matvec(matvec, spec), bl)
+        il = None if init is None else tree.flatten(init, name="init")[0]
+        x, _ = self.solve(_as_list_matvec(matvec, spec), bl, il)
         return tree.unflatten(x, spec)
+
+
+def as_linear_solve(solver: object, owner: str) -> LinearSolve:
+    """The protocol callable for ``solver``: a shipped solver's ``solve``, or ``solver``.
+
+    Raises ``TypeError`` naming ``owner`` unless ``solver`` is a `LinearSolver` or a
+    callable that accepts ``(matvec, b, init=...)``.
+    """
+    if isinstance(solver, LinearSolver):
+        return solver.solve
+    expected = (
+        f"{owner}: linear_solver must be a bilevel.linalg solver (CG, Neumann, FixedPoint, "
+        "Dense) or a callable solve(matvec, b, init=None) -> (x, info)"
+    )
+    if not callable(solver):
+        raise TypeError(f"{expected}, got {type(solver).__name__}")
+    try:
+        inspect.signature(solver).bind(None, None, init=None)
+    except TypeError as e:
+        raise TypeError(f"{expected}; {solver!r} does not accept these arguments ({e})") from None
+    except ValueError:  # no signature available (some builtins): trust the caller
+        pass
+    return solver  # type: ignore[return-value]
 
 
 @dataclass(frozen=True)
 class CG(LinearSolver):
-    """Conjugate gradients for symmetric positive-definite A.
+    """Conjugate gradients for symmetric positive-definite A (solves (A + ridge·I) x = b).
 
     Stops when ‖b − A x‖ ≤ max(tol·‖b‖, atol) or after ``maxiter`` matvecs. b = 0 returns
     x = 0 exactly with no matvec. ``maxiter`` must be ≥ 1: zero iterations would silently
     return x = 0, a wrong answer for every b ≠ 0 (torchopt #222). If A is not positive
     definite along a search direction (pᵀAp ≤ 0, e.g. a non-convex lower level) CG stops
-    there with a warning and returns the current iterate.
+    there with a warning and returns the current iterate. ``init`` (warm start) costs one
+    matvec for the starting residual b − A·init; an ``init`` that already meets the
+    tolerance is returned after 0 iterations. ``ridge`` > 0 (Tikhonov damping) makes a
+    merely semi-definite Hessian definite, at the price of a biased solution.
 
     Each iteration updates the residual recursively, r ← r − α A p, and uses that updated
     residual for β and for the stopping test (the stale-residual bug of betty #15).
@@ -91,24 +188,46 @@ class CG(LinearSolver):
     maxiter: int = 100
     tol: float = 1e-6
     atol: float = 0.0
+    ridge: float = 0.0
 
     def __post_init__(self) -> None:
         check_int("CG", "maxiter", self.maxiter, minimum=1)
         check_nonnegative("CG", "tol", self.tol)
         check_nonnegative("CG", "atol", self.atol)
+        check_nonnegative("CG", "ridge", self.ridge)
 
-    def solve_list(
-        self, matvec: ListMatvec, b: Sequence[torch.Tensor]
-    ) -> tuple[list[torch.Tensor], dict[str, float]]:
+    def solve(
+        self,
+        matvec: ListMatvec,
+        b: Sequence[torch.Tensor],
+        init: Sequence[torch.Tensor] | None = None,
+    ) -> tuple[list[torch.Tensor], Info]:
+        """``(x, {"iterations", "residual"})`` for (A + ridge·I) x = b; see the class docstring."""
         b = list(b)
-        x = tree.zeros_like_list(b)
+        matvec = _with_ridge(matvec, self.ridge)
         rr = float(tree.sq_norm_list(b))
         _finite(rr, "CG", "‖b‖²", 0)
         threshold = max(self.tol * math.sqrt(rr), self.atol)
         if rr == 0.0:
-            return x, {"iterations": 0.0, "residual": 0.0}
-        r = [t.clone() for t in b]
-        p = [t.clone() for t in b]
+            return tree.zeros_like_list(b), {"iterations": 0.0, "residual": 0.0}
+        if init is None:
+            x, r = tree.zeros_like_list(b), [t.clone() for t in b]
+        else:
+            x = _check_init(init, b, "CG")
+            r = _residual(matvec, b, x)
+            rr = _finite(float(tree.sq_norm_list(r)), "CG", "‖b − A·init‖²", 0)
+        return self._iterate(matvec, x, r, rr, threshold)
+
+    def _iterate(
+        self,
+        matvec: ListMatvec,
+        x: list[torch.Tensor],
+        r: list[torch.Tensor],
+        rr: float,
+        threshold: float,
+    ) -> tuple[list[torch.Tensor], Info]:
+        """The CG loop from iterate ``x`` with residual ``r`` (‖r‖² = rr), in place."""
+        p = [t.clone() for t in r]
         it = 0
         while it < self.maxiter and math.sqrt(rr) > threshold:
             ap = matvec(p)
@@ -119,7 +238,7 @@ class CG(LinearSolver):
                     f"CG: the operator is not positive definite along the search direction "
                     f"(pᵀAp = {pap:.3e} at iteration {it}); returning the current iterate",
                     RuntimeWarning,
-                    stacklevel=3,
+                    stacklevel=4,
                 )
                 break
             alpha = rr / pap
@@ -140,56 +259,84 @@ class Neumann(LinearSolver):
 
     Converges as steps → ∞ when 0 < lr < 2 / λ_max(A) and A is positive definite; the error
     shrinks like (1 − lr·λ_min)^{steps}. ``steps = 0`` gives lr·b (one term), never zero.
-    Uses exactly ``steps`` matvecs (Lorraine et al., 2020). A sum that is not finite at the end
-    (a diverging series overflows to inf, then NaN) raises ``FloatingPointError``, as
-    `FixedPoint` and `CG` do, instead of returning it.
+    Uses exactly ``steps`` matvecs (Lorraine et al., 2020), fewer when ``tol`` > 0 stops the
+    series once a term's norm is ≤ tol·‖b‖ (one device sync per term; tol = 0, the default,
+    never checks). ``init`` = x₀ sums the series for the correction instead,
+    x = x₀ + lr Σ_k (I − lr A)^k (b − A x₀), one matvec more (a warm start: it continues the
+    Richardson iteration from x₀). ``ridge`` replaces A by A + ridge·I. A sum that is not
+    finite at the end (a diverging series overflows to inf, then NaN) raises
+    ``FloatingPointError``, as `FixedPoint` and `CG` do, instead of returning it.
     """
 
     steps: int
     lr: float
+    tol: float = 0.0
+    ridge: float = 0.0
 
     def __post_init__(self) -> None:
         check_int("Neumann", "steps", self.steps, minimum=0)
         check_positive("Neumann", "lr", self.lr)
+        check_nonnegative("Neumann", "tol", self.tol)
+        check_nonnegative("Neumann", "ridge", self.ridge)
 
-    def solve_list(
-        self, matvec: ListMatvec, b: Sequence[torch.Tensor]
-    ) -> tuple[list[torch.Tensor], dict[str, float]]:
-        p = [t.clone() for t in b]  # current term (I − lr A)^k b
-        acc = [t.clone() for t in b]  # running sum of terms
+    def solve(
+        self,
+        matvec: ListMatvec,
+        b: Sequence[torch.Tensor],
+        init: Sequence[torch.Tensor] | None = None,
+    ) -> tuple[list[torch.Tensor], Info]:
+        """``(x, {"iterations"})``; see the class docstring."""
+        b = list(b)
+        matvec = _with_ridge(matvec, self.ridge)
+        x0 = None if init is None else _check_init(init, b, "Neumann")
+        r0 = b if x0 is None else _residual(matvec, b, x0)
+        p = [t.clone() for t in r0]  # current term (I − lr A)^k r0
+        acc = [t.clone() for t in r0]  # running sum of terms
+        threshold = self.tol * math.sqrt(float(tree.sq_norm_list(b))) if self.tol > 0 else 0.0
+        it = 0
         for _ in range(self.steps):
+            if self.tol > 0 and math.sqrt(float(tree.sq_norm_list(p))) <= threshold:
+                break
             ap = matvec(p)
             torch._foreach_add_(p, ap, alpha=-self.lr)
             torch._foreach_add_(acc, p)
+            it += 1
         torch._foreach_mul_(acc, self.lr)
+        if x0 is not None:
+            torch._foreach_add_(acc, x0)
         # one check at the end (one device sync, not one per term): NaN and inf persist in the
         # sum, so a term that overflowed anywhere shows here
         total = float(tree.sq_norm_list(acc))
         if not math.isfinite(total):
-            b_norm = math.sqrt(float(tree.sq_norm_list(list(b))))
-            last = math.sqrt(float(tree.sq_norm_list(p)))
-            fix = f"it diverges unless 0 < lr < 2 / λ_max(A) and A is positive definite: lower lr (now {self.lr:g}) or use CG"
-            if not math.isfinite(b_norm):
-                cause = "the right-hand side b is not finite"
-            elif math.isnan(last):
-                cause = f"the matrix-vector product produced NaN, or a term overflowed; {fix}"
-            else:
-                cause = f"the terms grew from ‖b‖ = {b_norm:.3g} to {last:.3g}; {fix}"
-            raise FloatingPointError(
-                f"Neumann: the solution is non-finite ({total}) after {self.steps} iterations; "
-                f"{cause}"
-            )
-        return acc, {"iterations": float(self.steps)}
+            raise FloatingPointError(self._divergence_message(b, p, total, it))
+        return acc, {"iterations": float(it)}
+
+    def _divergence_message(
+        self, b: list[torch.Tensor], last_term: list[torch.Tensor], total: float, it: int
+    ) -> str:
+        b_norm = math.sqrt(float(tree.sq_norm_list(b)))
+        last = math.sqrt(float(tree.sq_norm_list(last_term)))
+        fix = (
+            "it diverges unless 0 < lr < 2 / λ_max(A) and A is positive definite: lower lr "
+            f"(now {self.lr:g}) or use CG"
+        )
+        if not math.isfinite(b_norm):
+            cause = "the right-hand side b is not finite"
+        elif math.isnan(last):
+            cause = f"the matrix-vector product produced NaN, or a term overflowed; {fix}"
+        else:
+            cause = f"the terms grew from ‖b‖ = {b_norm:.3g} to {last:.3g}; {fix}"
+        return f"Neumann: the solution is non-finite ({total}) after {it} iterations; {cause}"
 
 
 @dataclass(frozen=True)
 class FixedPoint(LinearSolver):
-    """Richardson fixed-point iteration x ← x + lr (b − A x), started at x = 0.
+    """Richardson fixed-point iteration x ← x + lr (b − A x), started at x = 0 (or ``init``).
 
     Stops when ‖b − A x‖ ≤ max(tol·‖b‖, atol) or after ``maxiter`` updates (maxiter − 1
-    matvecs, the first update needs none). With ``tol = 0`` it equals
-    ``Neumann(steps=maxiter − 1, lr)``; unlike Neumann it stops early once converged.
-    Converges for symmetric positive-definite A when 0 < lr < 2 / λ_max(A).
+    matvecs, the first update needs none; with ``init`` one more, for b − A·init). With
+    ``tol = 0`` it equals ``Neumann(steps=maxiter − 1, lr)``; unlike Neumann it stops early
+    once converged. Converges for symmetric positive-definite A when 0 < lr < 2 / λ_max(A).
     """
 
     maxiter: int = 100
@@ -203,15 +350,24 @@ class FixedPoint(LinearSolver):
         check_nonnegative("FixedPoint", "tol", self.tol)
         check_nonnegative("FixedPoint", "atol", self.atol)
 
-    def solve_list(
-        self, matvec: ListMatvec, b: Sequence[torch.Tensor]
-    ) -> tuple[list[torch.Tensor], dict[str, float]]:
+    def solve(
+        self,
+        matvec: ListMatvec,
+        b: Sequence[torch.Tensor],
+        init: Sequence[torch.Tensor] | None = None,
+    ) -> tuple[list[torch.Tensor], Info]:
+        """``(x, {"iterations", "residual"})``; see the class docstring."""
         b = list(b)
         bnorm = math.sqrt(_finite(float(tree.sq_norm_list(b)), "FixedPoint", "‖b‖²", 0))
         threshold = max(self.tol * bnorm, self.atol)
-        x = tree.zeros_like_list(b)
-        r = [t.clone() for t in b]  # residual b − A x at x = 0
-        rnorm = bnorm
+        if init is None:
+            x = tree.zeros_like_list(b)
+            r = [t.clone() for t in b]  # residual b − A x at x = 0
+            rnorm = bnorm
+        else:
+            x = _check_init(init, b, "FixedPoint")
+            r = _residual(matvec, b, x)
+            rnorm = math.sqrt(_finite(float(tree.sq_norm_list(r)), "FixedPoint", "‖r‖²", 0))
         it = 0
         while it < self.maxiter:
             if rnorm <= threshold:
@@ -220,8 +376,7 @@ class FixedPoint(LinearSolver):
             it += 1
             if it == self.maxiter:
                 break  # no need to pay for a residual that nobody reads
-            ax = matvec(x)
-            r = torch._foreach_sub(b, ax)
+            r = _residual(matvec, b, x)
             rnorm = math.sqrt(_finite(float(tree.sq_norm_list(r)), "FixedPoint", "‖r‖²", it))
         return x, {"iterations": float(it), "residual": rnorm}
 
@@ -232,7 +387,7 @@ class Dense(LinearSolver):
 
     A singular A gets the minimum-norm least-squares solution (pseudo-inverse). For small
     problems and as a test oracle only; refuses n > ``max_size`` because the cost is n
-    matvecs and n² memory.
+    matvecs and n² memory. ``init`` is accepted and ignored (the solve is exact).
     """
 
     max_size: int = 4096
@@ -240,9 +395,13 @@ class Dense(LinearSolver):
     def __post_init__(self) -> None:
         check_int("Dense", "max_size", self.max_size, minimum=1)
 
-    def solve_list(
-        self, matvec: ListMatvec, b: Sequence[torch.Tensor]
-    ) -> tuple[list[torch.Tensor], dict[str, float]]:
+    def solve(
+        self,
+        matvec: ListMatvec,
+        b: Sequence[torch.Tensor],
+        init: Sequence[torch.Tensor] | None = None,
+    ) -> tuple[list[torch.Tensor], Info]:
+        """``(x, {"iterations": n})``; see the class docstring."""
         b = list(b)
         n = tree.numel_list(b)
         if n > self.max_size:
@@ -268,6 +427,37 @@ class Dense(LinearSolver):
             # started at x = 0 converges to on a consistent singular system.
             x = torch.linalg.pinv(a) @ flat_b
         return _split(x, b), {"iterations": float(n)}
+
+
+def _factory(cls: type[LinearSolver], name: str, options: dict[str, Any]) -> LinearSolve:
+    known = [f.name for f in fields(cls)]  # type: ignore[arg-type]
+    unknown = sorted(set(options) - set(known))
+    if unknown:
+        raise ValueError(
+            f"{name}: unknown option {unknown[0]!r}; the options of {cls.__name__} are "
+            f"{', '.join(known)}"
+        )
+    return cls(**options).solve
+
+
+def solve_cg(**options: Any) -> LinearSolve:
+    """``CG(**options).solve``: the protocol callable (options checked, unknown ones named)."""
+    return _factory(CG, "solve_cg", options)
+
+
+def solve_neumann(**options: Any) -> LinearSolve:
+    """``Neumann(**options).solve`` (needs ``steps`` and ``lr``)."""
+    return _factory(Neumann, "solve_neumann", options)
+
+
+def solve_fixed_point(**options: Any) -> LinearSolve:
+    """``FixedPoint(**options).solve``."""
+    return _factory(FixedPoint, "solve_fixed_point", options)
+
+
+def solve_dense(**options: Any) -> LinearSolve:
+    """``Dense(**options).solve``."""
+    return _factory(Dense, "solve_dense", options)
 
 
 def _flat(xs: Sequence[torch.Tensor]) -> torch.Tensor:

@@ -6,4 +6,6 @@ the plotting functions). See docs/calibration.md.
 
 from calibration import alpha, metrics, objectives, plots, posthoc
 
-__all__ = ["alpha", "metrics", "objectives", "plots", "posthoc"]
+__version__ = "0.1.0"
+
+__all__ = ["__version__", "alpha", "metrics", "objectives", "plots", "posthoc"]

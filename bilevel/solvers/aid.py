@@ -5,14 +5,37 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
+
 from .. import tree
 from .._checks import check_int, check_positive
-from ..hypergrad import Implicit, _gradient_steps
-from ..linalg import CG, LinearSolver
-from ..problem import Problem, Tape, prepare
+from .._hypergrad import Implicit
+from .._internals import Batches, CheckedObjectives, flatten_variables, inner_gradient_steps
+from ..linalg import CG, LinearSolve, LinearSolver
+from ..problem import Problem
 from .base import StepResult
 
 __all__ = ["AID"]
+
+
+class _LastSolution:
+    """The previous step's linear-system solution v, offered as the next solve's ``init``.
+
+    Only reused when it matches the new right-hand side leaf for leaf (shape, dtype,
+    device): a step on other inner variables starts from 0 again.
+    """
+
+    def __init__(self) -> None:
+        self.v: list[torch.Tensor] | None = None
+
+    def init_for(self, variables_inner: list[torch.Tensor]) -> list[torch.Tensor] | None:
+        v = self.v
+        if v is None or len(v) != len(variables_inner):
+            return None
+        for a, b in zip(v, variables_inner):
+            if a.shape != b.shape or a.dtype != b.dtype or a.device != b.device:
+                return None
+        return v
 
 
 @dataclass(frozen=True)
@@ -23,6 +46,13 @@ class AID:
     ``inner_grad`` is ∇_θ g(α, θ) at the current θ (the first inner step's gradient), and
     ``inner_solution`` is θ^(T). With ``inner_steps=0`` the current θ is taken as the solution.
 
+    ``warm_start=True`` passes the previous step's v as ``init`` to the linear solver (CG,
+    FixedPoint: fewer iterations when α and θ move little between outer steps; Neumann:
+    continues the series from it, a different truncation). It is off by default: the
+    solver instance then keeps a θ-sized v alive between steps, and a step's result
+    depends on the steps before it (equal only to the solver's tolerance).
+    :meth:`reset_warm_start` forgets v.
+
     Cost per step: T forward-backward passes of g (no graph), one forward of g with a
     double-backward graph, one backward per solver matvec, one forward-backward of f.
     Memory: O(|θ|) + one double-backward graph of g, independent of T and of iterations.
@@ -30,34 +60,42 @@ class AID:
 
     inner_steps: int
     inner_lr: float
-    linear_solver: LinearSolver = field(default_factory=CG)
+    linear_solver: LinearSolver | LinearSolve = field(default_factory=CG)
+    warm_start: bool = False
+    _last: _LastSolution = field(
+        default_factory=_LastSolution, init=False, repr=False, compare=False
+    )
 
     def __post_init__(self) -> None:
         check_int("AID", "inner_steps", self.inner_steps, minimum=0)
         check_positive("AID", "inner_lr", self.inner_lr)
+        if not isinstance(self.warm_start, bool):
+            raise TypeError(f"AID: warm_start must be a bool, got {self.warm_start!r}")
         Implicit(self.linear_solver)  # validates the solver type
+
+    def reset_warm_start(self) -> None:
+        """Forget the stored v: the next step's linear solve starts from 0."""
+        self._last.v = None
 
     def step(
         self, problem: Problem, outer: Any, inner: Any, *, upper_batch: Any, lower_batch: Any
     ) -> StepResult:
         """One outer step; see the class docstring."""
-        tape = Tape(problem, "AID.step")
-        o, ospec, i, ispec = prepare("AID.step", outer, inner)
-        theta, first_grad, first_value = _gradient_steps(
-            tape, o, ospec, i, ispec, lower_batch, steps=self.inner_steps, lr=self.inner_lr
+        objectives = CheckedObjectives(problem, "AID.step")
+        variables = flatten_variables("AID.step", outer, inner)
+        theta, first_grad, first_value = inner_gradient_steps(
+            objectives, variables, lower_batch, steps=self.inner_steps, lr=self.inner_lr
         )
-        where = f"at θ^(T) after {self.inner_steps} inner steps"
         est = Implicit(self.linear_solver).estimate(
-            tape,
-            o,
-            ospec,
-            theta,
-            ispec,
-            upper_batch,
-            lower_batch,
-            where=where,
+            objectives,
+            variables.replace(inner=theta),
+            Batches(upper=upper_batch, lower=lower_batch),
+            where=f"at θ^(T) after {self.inner_steps} inner steps",
             copy_solution=self.inner_steps == 0,  # θ^(T) is already fresh storage when T > 0
+            init=self._last.init_for(theta) if self.warm_start else None,
         )
+        if self.warm_start:
+            self._last.v = est.linear_solution
         scalars = dict(est.scalars)
         scalars["lower_loss_solution"] = scalars["lower_loss"]
         if first_grad is not None:
@@ -66,10 +104,10 @@ class AID:
             first_grad = est.first_inner_grad
         scalars["outer_grad_norm"] = tree.sq_norm_list(est.outer_grad).sqrt()
         scalars["inner_grad_norm"] = tree.sq_norm_list(first_grad).sqrt()
-        info = tape.finish(scalars)
+        info = objectives.finish(scalars)
         return StepResult(
-            outer_grad=tree.unflatten(est.outer_grad, ospec),
-            inner_grad=tree.unflatten(first_grad, ispec),
+            outer_grad=variables.outer_tree(est.outer_grad),
+            inner_grad=variables.inner_tree(first_grad),
             info=info,
-            inner_solution=tree.unflatten(est.inner_solution, ispec),
+            inner_solution=variables.inner_tree(est.inner_solution),
         )

@@ -18,8 +18,13 @@ import torch
 from .. import tree
 from .._autodiff import grad, leaf_aliases
 from .._checks import check_int, check_nonnegative, check_positive
-from ..hypergrad import _gradient_steps
-from ..problem import Problem, Tape, prepare
+from .._internals import (
+    CheckedObjectives,
+    FlatVariables,
+    flatten_variables,
+    inner_gradient_steps,
+)
+from ..problem import Problem
 from .base import StepResult
 
 __all__ = ["BOME"]
@@ -69,88 +74,113 @@ class BOME:
         self, problem: Problem, outer: Any, inner: Any, *, upper_batch: Any, lower_batch: Any
     ) -> StepResult:
         """One BOME step at (outer, inner); see the class docstring."""
-        T = self.inner_steps
-        tape = Tape(problem, "BOME.step")
-        o, ospec, i, ispec = prepare("BOME.step", outer, inner)
-        alpha, theta = leaf_aliases(o), leaf_aliases(i)
-        outer_tree = tree.unflatten(alpha, ospec)
-        na = len(alpha)
+        objectives = CheckedObjectives(problem, "BOME.step")
+        variables = flatten_variables("BOME.step", outer, inner)
+        point = variables.replace(
+            outer=leaf_aliases(variables.outer), inner=leaf_aliases(variables.inner)
+        )
+        low = self._lower_terms(objectives, point, lower_batch)
+        f = objectives.upper(
+            point.outer_tree(), point.inner_tree(), upper_batch, "at the current (α, θ)"
+        )
+        df = grad(f, point.outer + point.inner)
 
+        dq = [a0 - aT for a0, aT in zip(low.grad_alpha, low.grad_alpha_at_solution)]
+        dq += low.grad_theta
+        q = low.value.detach() - low.value_at_solution.detach()
+        dq_sq = tree.sq_norm_list(dq)
+        df_dq = tree.dot_list(df, dq)
+        phi = self.eta * dq_sq if self.phi == "grad_norm" else self.c * q
+        # Kept as tensors: no device sync until the single one in objectives.finish.
+        lam = torch.clamp((phi - df_dq) / (dq_sq + self.eps), min=0.0)
+        # λ is float32 for half-precision leaves (see tree.dot_list); keep each leaf's dtype.
+        direction = [a + lam.to(b.dtype) * b for a, b in zip(df, dq)]
+        info = objectives.finish(
+            {
+                "lambda": lam,
+                "q": q,
+                "phi": phi,
+                "upper_loss": f.detach(),
+                "lower_loss": low.value.detach(),
+                "lower_loss_solution": low.value_at_solution.detach(),
+                "upper_grad_norm": tree.sq_norm_list(df).sqrt(),
+                "q_grad_norm": dq_sq.sqrt(),
+                "upper_q_dot": df_dq,
+                **_block_products(df, dq, len(point.outer)),
+            }
+        )
+        _add_cosines(info)
+        na = len(point.outer)
+        return StepResult(
+            outer_grad=variables.outer_tree(direction[:na]),
+            inner_grad=variables.inner_tree(direction[na:]),
+            info=info,
+            inner_solution=variables.inner_tree(low.solution),
+        )
+
+    def _lower_terms(
+        self, objectives: CheckedObjectives, point: FlatVariables, lower_batch: Any
+    ) -> _LowerTerms:
+        """g and ∇g at the current point, θ^(T), and g and ∇_α g at θ^(T)."""
+        T = self.inner_steps
+        alpha, theta = point.outer, point.inner
         # Inner step 1, differentiated jointly: ∇g(α, θ) for q̂ at no extra pass.
-        g0 = tape.lower(
-            outer_tree, tree.unflatten(theta, ispec), lower_batch, f"inner step 1 of {T}"
+        g0 = objectives.lower(
+            point.outer_tree(), point.inner_tree(), lower_batch, f"inner step 1 of {T}"
         )
         dg0 = grad(g0, alpha + theta)
-        g_alpha0, g_theta0 = dg0[:na], dg0[na:]
+        g_alpha0, g_theta0 = dg0[: len(alpha)], dg0[len(alpha) :]
         with torch.no_grad():
             theta_hat = torch._foreach_add(
                 [x.detach() for x in theta], g_theta0, alpha=-self.inner_lr
             )
-        theta_T, _, _ = _gradient_steps(
-            tape,
-            alpha,
-            ospec,
-            theta_hat,
-            ispec,
+        theta_T, _, _ = inner_gradient_steps(
+            objectives,
+            point.replace(inner=theta_hat),
             lower_batch,
             steps=T - 1,
             lr=self.inner_lr,
             first=1,
             total=T,
         )
-
         # ∇_α g(α, θ^(T)) with θ^(T) detached: autograd only runs the ops that touch α.
-        g_T = tape.lower(
-            outer_tree,
-            tree.unflatten(theta_T, ispec),
+        g_T = objectives.lower(
+            point.outer_tree(),
+            point.inner_tree(theta_T),
             lower_batch,
             f"at θ^(T) after {T} inner steps",
         )
-        g_alphaT = grad(g_T, alpha)
+        return _LowerTerms(g0, g_alpha0, g_theta0, theta_T, g_T, grad(g_T, alpha))
 
-        f = tape.upper(
-            outer_tree, tree.unflatten(theta, ispec), upper_batch, "at the current (α, θ)"
-        )
-        df = grad(f, alpha + theta)
 
-        dq = [a0 - aT for a0, aT in zip(g_alpha0, g_alphaT)] + g_theta0
-        q = g0.detach() - g_T.detach()
-        dq_sq = tree.sq_norm_list(dq)
-        df_dq = tree.dot_list(df, dq)
-        phi = self.eta * dq_sq if self.phi == "grad_norm" else self.c * q
-        # Kept as tensors: no device sync until the single one in tape.finish.
-        lam = torch.clamp((phi - df_dq) / (dq_sq + self.eps), min=0.0)
-        # λ is float32 for half-precision leaves (see tree.dot_list); keep each leaf's dtype.
-        direction = [a + lam.to(b.dtype) * b for a, b in zip(df, dq)]
+@dataclass(frozen=True)
+class _LowerTerms:
+    """What BOME needs from the lower level (flat leaf lists)."""
 
-        # The same products split into the outer (α) and inner (θ) blocks: which block carries
-        # the conflict between f and q̂ is what decides whether λ ever leaves η.
-        parts = {}
-        for block, sl in (("outer", slice(None, na)), ("inner", slice(na, None))):
-            parts[f"upper_grad_norm_{block}"] = tree.sq_norm_list(df[sl]).sqrt()
-            parts[f"q_grad_norm_{block}"] = tree.sq_norm_list(dq[sl]).sqrt()
-            parts[f"upper_q_dot_{block}"] = tree.dot_list(df[sl], dq[sl])
-        info = tape.finish(
-            {
-                "lambda": lam,
-                "q": q,
-                "phi": phi,
-                "upper_loss": f.detach(),
-                "lower_loss": g0.detach(),
-                "lower_loss_solution": g_T.detach(),
-                "upper_grad_norm": tree.sq_norm_list(df).sqrt(),
-                "q_grad_norm": dq_sq.sqrt(),
-                "upper_q_dot": df_dq,
-                **parts,
-            }
-        )
-        for block in ("", "_outer", "_inner"):
-            # cos(∇f, ∇q̂) per block; 0 where a block's gradient vanishes (e.g. no α in g)
-            den = info[f"upper_grad_norm{block}"] * info[f"q_grad_norm{block}"]
-            info[f"cos{block}"] = info[f"upper_q_dot{block}"] / den if den > 0 else 0.0
-        return StepResult(
-            outer_grad=tree.unflatten(direction[:na], ospec),
-            inner_grad=tree.unflatten(direction[na:], ispec),
-            info=info,
-            inner_solution=tree.unflatten(theta_T, ispec),
-        )
+    value: torch.Tensor  # g(α, θ)
+    grad_alpha: list[torch.Tensor]  # ∇_α g(α, θ)
+    grad_theta: list[torch.Tensor]  # ∇_θ g(α, θ)
+    solution: list[torch.Tensor]  # θ^(T), detached
+    value_at_solution: torch.Tensor  # g(α, θ^(T))
+    grad_alpha_at_solution: list[torch.Tensor]  # ∇_α g(α, θ^(T))
+
+
+def _block_products(
+    df: list[torch.Tensor], dq: list[torch.Tensor], na: int
+) -> dict[str, torch.Tensor]:
+    """The norms and dot product of ∇f and ∇q̂ split into the outer (α) and inner (θ)
+    blocks: which block carries the conflict between f and q̂ is what decides whether λ
+    ever leaves η."""
+    parts = {}
+    for block, sl in (("outer", slice(None, na)), ("inner", slice(na, None))):
+        parts[f"upper_grad_norm_{block}"] = tree.sq_norm_list(df[sl]).sqrt()
+        parts[f"q_grad_norm_{block}"] = tree.sq_norm_list(dq[sl]).sqrt()
+        parts[f"upper_q_dot_{block}"] = tree.dot_list(df[sl], dq[sl])
+    return parts
+
+
+def _add_cosines(info: dict[str, float]) -> None:
+    for block in ("", "_outer", "_inner"):
+        # cos(∇f, ∇q̂) per block; 0 where a block's gradient vanishes (e.g. no α in g)
+        den = info[f"upper_grad_norm{block}"] * info[f"q_grad_norm{block}"]
+        info[f"cos{block}"] = info[f"upper_q_dot{block}"] / den if den > 0 else 0.0

@@ -7,8 +7,9 @@ from typing import Any
 
 from .. import tree
 from .._checks import check_int, check_positive
-from ..hypergrad import Unrolled
-from ..problem import Problem, Tape, prepare
+from .._hypergrad import Unrolled
+from .._internals import Batches, CheckedObjectives, flatten_variables
+from ..problem import Problem
 from .base import StepResult
 
 __all__ = ["ITD"]
@@ -42,17 +43,17 @@ class ITD:
         self, problem: Problem, outer: Any, inner: Any, *, upper_batch: Any, lower_batch: Any
     ) -> StepResult:
         """One outer step; see the class docstring."""
-        tape = Tape(problem, "ITD.step")
-        o, ospec, i, ispec = prepare("ITD.step", outer, inner)
+        objectives = CheckedObjectives(problem, "ITD.step")
+        variables = flatten_variables("ITD.step", outer, inner)
         method = Unrolled(self.inner_steps, self.inner_lr, self.truncate)
-        est = method.estimate(tape, o, ospec, i, ispec, upper_batch, lower_batch)
+        est = method.estimate(objectives, variables, Batches(upper=upper_batch, lower=lower_batch))
         scalars = dict(est.scalars)
         scalars["outer_grad_norm"] = tree.sq_norm_list(est.outer_grad).sqrt()
         scalars["inner_grad_norm"] = tree.sq_norm_list(est.first_inner_grad).sqrt()
-        info = tape.finish(scalars)
+        info = objectives.finish(scalars)
         return StepResult(
-            outer_grad=tree.unflatten(est.outer_grad, ospec),
-            inner_grad=tree.unflatten(est.first_inner_grad, ispec),
+            outer_grad=variables.outer_tree(est.outer_grad),
+            inner_grad=variables.inner_tree(est.first_inner_grad),
             info=info,
-            inner_solution=tree.unflatten(est.inner_solution, ispec),
+            inner_solution=variables.inner_tree(est.inner_solution),
         )

@@ -137,3 +137,15 @@ def test_calm_step_cloze_times_shared_and_unshared_upper_batches(tmp_path):
     assert [(r["solver"], r["shared_prefix"]) for r in records] == [
         ("sft", True), ("bome", True), ("bome", False)]
     assert all(r["mode"] == "cloze" and r["target_ratio"] is None for r in records)
+
+
+def test_warm_start_counts_fewer_cg_iterations_for_the_same_hypergradient():
+    import torch
+
+    from bench.problems import build
+
+    p = build("quadratic", 100).cast(torch.float64)
+    r = hypergrad.warm_start_iterations(p, outer_steps=3)
+    assert len(r["cold"]) == len(r["warm"]) == 3
+    assert r["warm"][0] == r["cold"][0] and sum(r["warm"]) < sum(r["cold"])
+    assert r["max_rel_diff"] < 1e-5 and r["breakdowns"] == (0, 0)

@@ -271,3 +271,104 @@ def test_logistic_regression_weight_decay_vs_dense_and_finite_differences(seed):
         **args,
     )["log_wd"]
     assert torch.allclose(unrolled, dense, rtol=1e-6, atol=1e-9)
+
+
+# -- a user-written linear solver (a plain function) behind Implicit ---------------------------
+def _flat(xs):
+    return torch.cat([x.reshape(-1) for x in xs])
+
+
+def _split(vec, like):
+    out, start = [], 0
+    for t in like:
+        out.append(vec[start : start + t.numel()].reshape(t.shape))
+        start += t.numel()
+    return out
+
+
+def dense_solve(matvec, b, init=None):
+    """Materialize A from unit vectors and call torch.linalg.solve (init is not needed)."""
+    eye = torch.eye(sum(t.numel() for t in b), dtype=b[0].dtype)
+    a = torch.stack([_flat(matvec(_split(e, b))) for e in eye], dim=1)
+    return _split(torch.linalg.solve(a, _flat(b)), b), {"matvecs": float(len(eye))}
+
+
+def richardson(lr, iters):
+    def solve(matvec, b, init=None):
+        x = [torch.zeros_like(t) for t in b] if init is None else [t.clone() for t in init]
+        for _ in range(iters):
+            x = [xi + lr * (bi - ai) for xi, bi, ai in zip(x, b, matvec(x))]
+        return x, {}
+
+    return solve
+
+
+def test_a_plain_function_linear_solver_gives_the_dense_oracle_hypergradient():
+    problem, alpha, theta_star, exact, _ = quadratic(6, 3, 20.0, 11)
+    args = dict(upper_batch=None, lower_batch=None)
+    inner = {"theta": theta_star}
+    oracle = bilevel.hypergrad(problem, alpha, inner, method=bilevel.Implicit(linalg.Dense()), **args)
+    assert relerr(oracle["a"], exact) < 1e-10
+    h, info = bilevel.hypergrad(
+        problem, alpha, inner, method=bilevel.Implicit(dense_solve), return_info=True, **args
+    )
+    assert relerr(h["a"], oracle["a"]) < 1e-12
+    assert info["solver_matvecs"] == 6.0  # the user's info keys come back as solver_<key>
+    h = bilevel.hypergrad(
+        problem, alpha, inner, method=bilevel.Implicit(richardson(1 / 20.0, 2000)), **args
+    )
+    assert relerr(h["a"], oracle["a"]) < 1e-9
+    aid = bilevel.AID(0, 0.1, linear_solver=dense_solve)  # AID takes it too
+    r = aid.step(problem, alpha, inner, **args)
+    assert relerr(r.outer_grad["a"], oracle["a"]) < 1e-12
+
+
+def test_return_info_reports_each_methods_diagnostics():
+    problem, alpha, theta_star, _, _ = quadratic(5, 2, 10.0, 3)
+    inner, args = {"theta": theta_star}, dict(upper_batch=None, lower_batch=None)
+    keys = {
+        bilevel.Implicit(linalg.CG(maxiter=30, tol=1e-12)): {"solver_iterations", "solver_residual"},
+        bilevel.Implicit(linalg.Neumann(steps=5, lr=0.05)): {"solver_iterations"},
+        bilevel.Implicit(linalg.FixedPoint(maxiter=5, lr=0.05)): {"solver_iterations", "solver_residual"},
+        bilevel.Implicit(linalg.Dense()): {"solver_iterations"},
+        bilevel.Unrolled(4, 0.05): set(),
+    }
+    for method, extra in keys.items():
+        h, info = bilevel.hypergrad(problem, alpha, inner, method=method, return_info=True, **args)
+        assert set(info) == {"upper_loss", "lower_loss"} | extra, method
+        assert all(isinstance(v, float) for v in info.values())
+        assert torch.equal(h["a"], bilevel.hypergrad(problem, alpha, inner, method=method, **args)["a"])
+    _, info = bilevel.hypergrad(
+        problem, alpha, inner, method=bilevel.Implicit(linalg.Dense()), return_info=True, **args
+    )
+    assert info["solver_iterations"] == 5.0
+
+
+def test_hypergrad_accepts_any_object_with_estimate():
+    class Halved:
+        """A user method: half the implicit hypergradient (through the public protocol)."""
+
+        def estimate(self, objectives, variables, batches):
+            est = bilevel.Implicit(linalg.Dense()).estimate(objectives, variables, batches)
+            est.outer_grad = [0.5 * g for g in est.outer_grad]
+            return est
+
+    problem, alpha, theta_star, exact, _ = quadratic(4, 2, 5.0, 1)
+    h = bilevel.hypergrad(problem, alpha, {"theta": theta_star}, upper_batch=None,
+                          lower_batch=None, method=Halved())
+    assert relerr(h["a"], 0.5 * exact) < 1e-10
+
+
+def test_a_linear_solver_with_the_wrong_signature_or_result_is_named():
+    with pytest.raises(TypeError, match="linear_solver must be a bilevel.linalg solver .* or a "
+                                        r"callable solve\(matvec, b, init=None\)"):
+        bilevel.Implicit(linear_solver=lambda matvec: None)
+    problem, alpha, theta_star, _, _ = quadratic(4, 2, 5.0, 1)
+    bad = {
+        "x of type Tensor": lambda matvec, b, init=None: (b[0], {}),
+        "returned x of shapes": lambda matvec, b, init=None: ([b[0][:2]], {}),
+    }
+    for match, solve in bad.items():
+        with pytest.raises(ValueError, match=match):
+            bilevel.hypergrad(problem, alpha, {"theta": theta_star}, upper_batch=None,
+                              lower_batch=None, method=bilevel.Implicit(solve))

@@ -164,3 +164,104 @@ def test_non_finite_matvec_and_oversized_dense_raise():
         linalg.Dense(max_size=3)(lambda v: v, torch.ones(4))
     with pytest.raises(ValueError, match="matvec must return a pytree with the structure"):
         linalg.CG()(lambda t: {"other": t["a"]}, {"a": torch.ones(2)})
+
+
+# -- the solve(matvec, b, init=None) -> (x, info) protocol: warm start, ridge, options ----------
+def _system(n=8, cond=20.0, seed=5):
+    a = spd(n, cond, seed)
+    b = torch.randn(n, generator=torch.Generator().manual_seed(seed + 1), dtype=torch.float64)
+    return a, b, torch.linalg.solve(a, b)
+
+
+@pytest.mark.parametrize(
+    "solver",
+    [
+        linalg.CG(maxiter=50, tol=1e-10),
+        linalg.Neumann(steps=500, lr=0.05, tol=1e-10),
+        linalg.FixedPoint(maxiter=500, lr=0.05, tol=1e-10),
+    ],
+    ids=lambda s: type(s).__name__,
+)
+def test_init_at_the_solution_is_returned_in_at_most_one_iteration(solver):
+    a, b, exact = _system()
+    x, info = solver.solve(lambda v: [a @ v[0]], [b], [exact])
+    assert info["iterations"] <= 1
+    assert torch.allclose(x[0], exact, rtol=1e-10, atol=1e-12)
+    _, cold = solver.solve(lambda v: [a @ v[0]], [b])
+    assert cold["iterations"] > 5  # the warm start is what saved the iterations
+
+
+def test_a_nearby_init_saves_cg_iterations_and_reaches_the_same_solution():
+    a, b, exact = _system(n=30, cond=100.0)
+    near = exact + 1e-4 * torch.randn(30, generator=torch.Generator().manual_seed(9), dtype=torch.float64)
+    cg = linalg.CG(maxiter=200, tol=1e-12)
+    x_cold, cold = cg.solve(lambda v: [a @ v[0]], [b])
+    x_warm, warm = cg.solve(lambda v: [a @ v[0]], [b], [near])
+    assert warm["iterations"] < cold["iterations"]
+    assert torch.allclose(x_warm[0], exact, rtol=1e-9) and torch.allclose(x_cold[0], exact, rtol=1e-9)
+    # an arbitrary init converges to the same solution, and the pytree call takes init too
+    x = cg(lambda t: {"m": a @ t["m"]}, {"m": b}, init={"m": torch.ones(30, dtype=torch.float64)})
+    assert torch.allclose(x["m"], exact, rtol=1e-9)
+
+
+def test_neumann_from_an_init_continues_the_richardson_iteration():
+    a, b, exact = _system()
+    x0 = torch.ones(8, dtype=torch.float64)
+    # x0 + Neumann(b − A x0) with k terms = Richardson from x0 with k + 1 updates
+    x, info = linalg.Neumann(steps=6, lr=0.05).solve(lambda v: [a @ v[0]], [b], [x0])
+    y = x0.clone()
+    for _ in range(7):
+        y = y + 0.05 * (b - a @ y)
+    assert info["iterations"] == 6.0
+    assert torch.allclose(x[0], y, rtol=1e-12)
+
+
+@pytest.mark.parametrize("ridge", [0.5, 3.0])
+def test_ridge_matches_a_dense_solve_of_the_damped_system(ridge):
+    a, b, _ = _system(n=10, cond=30.0)
+    damped = torch.linalg.solve(a + ridge * torch.eye(10, dtype=torch.float64), b)
+    x_cg, _ = linalg.CG(maxiter=100, tol=1e-13, ridge=ridge).solve(lambda v: [a @ v[0]], [b])
+    lr = 1.0 / (30.0 + ridge)  # λ_max(A + ridge·I)
+    x_ne, _ = linalg.Neumann(steps=3000, lr=lr, ridge=ridge).solve(lambda v: [a @ v[0]], [b])
+    assert torch.allclose(x_cg[0], damped, rtol=1e-10)
+    assert torch.allclose(x_ne[0], damped, rtol=1e-8)
+    # ridge = 0 is the undamped solve, bit for bit
+    plain, _ = linalg.CG(maxiter=40, tol=0.0).solve(lambda v: [a @ v[0]], [b])
+    zero, _ = linalg.CG(maxiter=40, tol=0.0, ridge=0.0).solve(lambda v: [a @ v[0]], [b])
+    assert torch.equal(plain[0], zero[0])
+
+
+def test_factories_return_the_protocol_callable_and_name_bad_options():
+    a, b, _ = _system()
+    x1, i1 = linalg.solve_cg(maxiter=5, tol=0.0)(lambda v: [a @ v[0]], [b])
+    x2, i2 = linalg.CG(maxiter=5, tol=0.0).solve(lambda v: [a @ v[0]], [b])
+    assert torch.equal(x1[0], x2[0]) and i1 == i2
+    x3, _ = linalg.solve_neumann(steps=4, lr=0.05)(lambda v: [a @ v[0]], [b])
+    x4, _ = linalg.solve_fixed_point(maxiter=5, lr=0.05, tol=0.0)(lambda v: [a @ v[0]], [b])
+    assert torch.allclose(x3[0], x4[0], rtol=1e-13)
+    assert set(linalg.solve_dense()(lambda v: [a @ v[0]], [b])[1]) == {"iterations"}
+    with pytest.raises(ValueError, match="solve_cg: unknown option 'maxiters'; the options of CG are maxiter, tol, atol, ridge"):
+        linalg.solve_cg(maxiters=5)
+    with pytest.raises(ValueError, match="solve_neumann: unknown option 'ridg'"):
+        linalg.solve_neumann(steps=3, lr=0.1, ridg=1.0)
+
+
+@pytest.mark.parametrize(
+    "make, match",
+    [
+        (lambda: linalg.CG(ridge=-1.0), "CG: ridge must be a finite number >= 0"),
+        (lambda: linalg.Neumann(steps=3, lr=0.1, ridge=float("inf")), "Neumann: ridge must be a finite number >= 0"),
+        (lambda: linalg.Neumann(steps=3, lr=0.1, tol=-1e-3), "Neumann: tol must be a finite number >= 0"),
+        (lambda: linalg.solve_cg(tol="small"), "CG: tol must be a number"),
+    ],
+)
+def test_bad_protocol_options_are_named(make, match):
+    with pytest.raises((ValueError, TypeError), match=match):
+        make()
+
+
+def test_an_init_of_the_wrong_shape_is_rejected():
+    a, b, _ = _system()
+    for solver in (linalg.CG(), linalg.Neumann(steps=3, lr=0.1), linalg.FixedPoint()):
+        with pytest.raises(ValueError, match=f"{type(solver).__name__}: init must be shaped like b"):
+            solver.solve(lambda v: [a @ v[0]], [b], [torch.zeros(7, dtype=torch.float64)])

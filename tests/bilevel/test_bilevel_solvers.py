@@ -250,3 +250,38 @@ def test_bome_direction_is_finite_at_a_lower_level_solution():
     assert r.info["lambda"] == 0.0 and r.info["q"] == 0.0
     assert r.outer_grad["a"].item() == 2.0
     assert torch.equal(r.inner_grad["t"], torch.full((2,), -2.0, dtype=F64))
+
+
+# -- AID warm-starts the linear solve with the previous step's v --------------------------------
+def _aid_run(warm_start, steps=8):
+    problem, alpha, A, B, _ = quadratic(seed=3, d=40, m=2)
+    outer = alpha.clone().requires_grad_()
+    inner = torch.zeros(40, dtype=F64, requires_grad=True)
+    aid = bilevel.AID(10, 0.3, linear_solver=linalg.CG(maxiter=50, tol=1e-10), warm_start=warm_start)
+    grads = []
+    history = bilevel.fit(
+        problem, aid, outer, inner, steps=steps, progress=False, inner_update="solution",
+        outer_optimizer=torch.optim.SGD([outer], lr=0.05),
+        callback=lambda k, r: grads.append(r.outer_grad.clone()),
+    )
+    return aid, grads, history.column("solver_iterations")
+
+
+def test_aid_warm_start_saves_cg_iterations_and_keeps_the_hypergradient():
+    _, cold_grads, cold_iters = _aid_run(False)
+    aid, warm_grads, warm_iters = _aid_run(True)
+    assert warm_iters[0] == cold_iters[0]  # nothing to start from at the first step
+    assert sum(warm_iters[1:]) < sum(cold_iters[1:])
+    for c, w in zip(cold_grads, warm_grads):
+        assert torch.allclose(w, c, rtol=1e-8, atol=1e-10)
+    # reset: the next solve starts from zero again, as a fresh solver's does
+    problem, alpha, _, _, _ = quadratic(seed=3, d=40, m=2)
+    aid.reset_warm_start()
+    r = aid.step(problem, alpha, torch.zeros(40, dtype=F64), upper_batch=None, lower_batch=None)
+    assert r.info["solver_iterations"] == cold_iters[0]
+
+
+def test_aid_warm_start_is_off_by_default_and_checked():
+    assert bilevel.AID(3, 0.1).warm_start is False
+    with pytest.raises(TypeError, match="AID: warm_start must be a bool"):
+        bilevel.AID(3, 0.1, warm_start="yes")

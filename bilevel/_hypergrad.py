@@ -1,0 +1,245 @@
+"""Hypergradients dF/dα of F(α) = f(α, θ*(α)): unrolled (ITD) and implicit (AID).
+
+``hypergrad(problem, outer, inner, upper_batch=..., lower_batch=..., method=...)`` returns a
+pytree shaped like ``outer``. ``method`` is
+
+* ``Unrolled(steps=T, lr=β, truncate=K)``: θ_0 = inner, θ_{t+1} = θ_t − β ∇_θ g(α, θ_t) and
+  dF/dα = d f(α, θ_T)/dα by reverse-mode through the last K steps (all T when K is None);
+  the first T − K steps run without a graph, so memory is O(K · |θ|) instead of O(T · |θ|).
+* ``Implicit(linear_solver=S)``: takes θ = inner as the lower-level solution and uses the
+  implicit function theorem,
+
+      dF/dα = ∇_α f − ∇²_{αθ} g · v,   where  ∇²_{θθ} g · v = ∇_θ f  is solved by S,
+
+  S being any ``solve(matvec, b, init=None) -> (x, info)`` (see :mod:`bilevel.linalg`).
+* any object with the :class:`HypergradMethod` ``estimate`` method.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+
+from ._autodiff import grad, leaf_aliases, vjp
+from ._checks import check_int, check_positive
+from ._internals import (
+    Batches,
+    CheckedObjectives,
+    Estimate,
+    FlatVariables,
+    flatten_variables,
+    inner_gradient_steps,
+)
+from .linalg import CG, LinearSolve, LinearSolver, as_linear_solve
+from .problem import Problem
+
+__all__ = ["Estimate", "HypergradMethod", "Implicit", "Unrolled", "hypergrad"]
+
+
+@runtime_checkable
+class HypergradMethod(Protocol):
+    """What ``hypergrad`` accepts as ``method``: ``Unrolled``, ``Implicit`` or your own.
+
+    ``estimate`` evaluates f and g only through ``objectives`` (which checks their values),
+    reads α and θ as flat leaf lists from ``variables`` and returns an :class:`Estimate`
+    with the hypergradient as a flat list shaped like ``variables.outer``.
+    """
+
+    def estimate(
+        self, objectives: CheckedObjectives, variables: FlatVariables, batches: Batches
+    ) -> Estimate: ...
+
+
+@dataclass(frozen=True)
+class Unrolled:
+    """Iterative differentiation through ``steps`` inner gradient steps of size ``lr``.
+
+    ``truncate=K`` back-propagates through the last K steps only (truncated BPTT;
+    Shaban et al., 2019). Cost: T forward-backward passes of g, K of them with a graph
+    (create_graph) and one extra backward through those K steps, plus one forward-backward
+    of f. Memory: O(K · |θ|) activations of g.
+    """
+
+    steps: int
+    lr: float
+    truncate: int | None = None
+
+    def __post_init__(self) -> None:
+        check_int("Unrolled", "steps", self.steps, minimum=1)
+        check_positive("Unrolled", "lr", self.lr)
+        if self.truncate is not None:
+            check_int("Unrolled", "truncate", self.truncate, minimum=1)
+            if self.truncate > self.steps:
+                raise ValueError(
+                    f"Unrolled: truncate={self.truncate} exceeds steps={self.steps}; use "
+                    "truncate=None to differentiate through every step"
+                )
+
+    def estimate(
+        self, objectives: CheckedObjectives, variables: FlatVariables, batches: Batches
+    ) -> Estimate:
+        """dF/dα through the unrolled steps; see the class docstring."""
+        T = self.steps
+        K = T if self.truncate is None else self.truncate
+        alpha = leaf_aliases(variables.outer)
+        start = variables.replace(outer=alpha, inner=[x.detach() for x in variables.inner])
+        # Steps outside the truncation window: no graph at all.
+        theta, first_grad, first_value = inner_gradient_steps(
+            objectives, start, batches.lower, steps=T - K, lr=self.lr, total=T
+        )
+        # Steps inside the window. Plain autograd.grad(create_graph=True) measured ≈2.4×
+        # faster than torch.func.grad of the whole loop (measured: 300 vs 730 ms on a logistic problem, T = 20).
+        theta = leaf_aliases(theta)
+        outer_tree = variables.outer_tree(alpha)
+        for t in range(T - K, T):
+            where = f"inner step {t + 1} of {T}"
+            g = objectives.lower(outer_tree, variables.inner_tree(theta), batches.lower, where)
+            gth = grad(g, theta, create_graph=True)
+            if t == 0:
+                first_grad, first_value = [x.detach() for x in gth], g.detach()
+            theta = [th - self.lr * gr for th, gr in zip(theta, gth)]
+        where = f"after {T} inner steps"
+        f = objectives.upper(outer_tree, variables.inner_tree(theta), batches.upper, where)
+        outer_grad = grad(f, alpha)  # frees the unrolled graph
+        assert first_grad is not None and first_value is not None  # steps >= 1
+        return Estimate(
+            outer_grad=[x.detach() for x in outer_grad],
+            inner_solution=[x.detach() for x in theta],
+            first_inner_grad=first_grad,
+            scalars={"upper_loss": f.detach(), "lower_loss": first_value},
+        )
+
+
+def _check_solution(x: Any, b: list[torch.Tensor]) -> list[torch.Tensor]:
+    """The linear solver's x as a list shaped like b, or a ValueError saying what it was."""
+    if isinstance(x, torch.Tensor) or not isinstance(x, (list, tuple)):
+        raise ValueError(
+            "Implicit: the linear solver must return (x, info) with x a list of tensors "
+            f"shaped like b, got x of type {type(x).__name__}"
+        )
+    if len(x) != len(b) or any(
+        not isinstance(xi, torch.Tensor) or xi.shape != bi.shape for xi, bi in zip(x, b)
+    ):
+        raise ValueError(
+            "Implicit: the linear solver returned x of shapes "
+            f"{[tuple(getattr(xi, 'shape', ())) for xi in x]} for b of shapes "
+            f"{[tuple(bi.shape) for bi in b]}"
+        )
+    return list(x)
+
+
+@dataclass(frozen=True)
+class Implicit:
+    """Implicit differentiation at θ = ``inner``, assumed to minimize g(α, ·).
+
+    dF/dα = ∇_α f − ∇²_{αθ} g · v  with  ∇²_{θθ} g · v = ∇_θ f  (solved by ``linear_solver``:
+    a `bilevel.linalg` solver or any callable ``solve(matvec, b, init=None) -> (x, info)``
+    over lists of tensors; its ``info`` keys appear as ``solver_<key>``).
+
+    Cost: one forward-backward of f; one forward of g and one backward with
+    ``create_graph=True`` (the graph of ∇_θ g, kept alive for the solve); one backward
+    through that graph per matvec (CG: ≤ maxiter) and one more for the mixed term.
+    Memory: O(|θ|) plus one double-backward graph of g, independent of iterations.
+    """
+
+    linear_solver: LinearSolver | LinearSolve = field(default_factory=CG)
+
+    def __post_init__(self) -> None:
+        as_linear_solve(self.linear_solver, "Implicit")  # validates it
+
+    def estimate(
+        self,
+        objectives: CheckedObjectives,
+        variables: FlatVariables,
+        batches: Batches,
+        *,
+        where: str = "at the inner solution",
+        copy_solution: bool = False,
+        init: list[torch.Tensor] | None = None,
+    ) -> Estimate:
+        """dF/dα at θ = ``variables.inner``; ``init`` warm-starts the linear solve."""
+        alpha, theta = leaf_aliases(variables.outer), leaf_aliases(variables.inner)
+        outer_tree, inner_tree = variables.outer_tree(alpha), variables.inner_tree(theta)
+        g = objectives.lower(outer_tree, inner_tree, batches.lower, where)
+        # Linearize once: the graph of ∇_θ g is built a single time and every Hessian-vector
+        # product below is one backward through it (retain_graph=True); as the Hessian is
+        # symmetric, the vector-Jacobian product of ∇_θ g is the HVP. Measured here
+        # (logistic regression, d = 2000, n = 4000, 20 CG iterations, 1 CPU thread): this
+        # 57 ms, torch.func.vjp of torch.func.grad reused as a pullback 75 ms, a fresh
+        # forward-over-reverse jvp(grad) per iteration 344 ms. Plain autograd also leaves a
+        # model's frozen parameters alone even when they have requires_grad=True.
+        gth = grad(g, theta, create_graph=True)
+        f = objectives.upper(outer_tree, inner_tree, batches.upper, where)
+        df = grad(f, alpha + theta)
+        f_alpha, f_theta = df[: len(alpha)], df[len(alpha) :]
+        objectives.check()  # a NaN would otherwise surface as a confusing solver failure
+
+        def hvp(v: list[torch.Tensor]) -> list[torch.Tensor]:
+            return vjp(gth, theta, v, retain_graph=True)
+
+        solve = as_linear_solve(self.linear_solver, "Implicit")
+        v, solve_info = solve(hvp, f_theta, init)
+        v = _check_solution(v, f_theta)
+        mixed = vjp(gth, alpha, v, retain_graph=False)  # ∇²_{αθ} g · v; frees the graph
+        scalars: dict[str, torch.Tensor | float] = {"upper_loss": f.detach(), "lower_loss": g.detach()}
+        scalars.update({f"solver_{k}": val for k, val in dict(solve_info).items()})
+        return Estimate(
+            outer_grad=[(fa - m).detach() for fa, m in zip(f_alpha, mixed)],
+            # ``inner`` may be the caller's storage: a solver that returns this as its
+            # inner_solution asks for a copy (copy_solution=True); ``hypergrad`` discards it,
+            # so by default no copy of a possibly LoRA-sized θ is made.
+            inner_solution=[
+                x.detach().clone() if copy_solution else x.detach() for x in variables.inner
+            ],
+            first_inner_grad=[x.detach() for x in gth],
+            scalars=scalars,
+            linear_solution=[x.detach() for x in v],
+        )
+
+
+Method = Unrolled | Implicit | HypergradMethod
+
+
+def hypergrad(
+    problem: Problem,
+    outer: Any,
+    inner: Any,
+    *,
+    upper_batch: Any,
+    lower_batch: Any,
+    method: Method,
+    return_info: bool = False,
+) -> Any:
+    """dF/d(outer) for F(outer) = upper(outer, inner*(outer), upper_batch).
+
+    Args:
+        problem: the bilevel problem (upper f, lower g).
+        outer: pytree of floating tensors α (any shapes).
+        inner: pytree of floating tensors θ: the starting point for ``Unrolled``, the
+            (approximate) lower-level solution for ``Implicit``.
+        upper_batch, lower_batch: passed unchanged to f and g.
+        method: ``Unrolled(...)``, ``Implicit(...)`` or any :class:`HypergradMethod`.
+        return_info: also return the diagnostics (docs/bilevel.md lists the keys).
+
+    Returns:
+        A detached pytree with the structure and shapes of ``outer``. Leaves that neither
+        objective uses get zeros. Nothing is written to any ``.grad``. With
+        ``return_info=True``, ``(grads, info)``: ``info`` is a dict of Python floats,
+        ``upper_loss`` and ``lower_loss`` and, for ``Implicit``, ``solver_<key>`` for each key
+        of the linear solver's info (CG: ``solver_iterations``, ``solver_residual``).
+    """
+    if not isinstance(method, HypergradMethod):
+        raise TypeError(
+            "hypergrad: method must be bilevel.Unrolled or bilevel.Implicit (or an object with "
+            f"estimate(objectives, variables, batches) -> Estimate), got {type(method).__name__}"
+        )
+    objectives = CheckedObjectives(problem, f"hypergrad({type(method).__name__})")
+    variables = flatten_variables("hypergrad", outer, inner)
+    est = method.estimate(objectives, variables, Batches(upper=upper_batch, lower=lower_batch))
+    if not return_info:
+        objectives.check()
+        return variables.outer_tree(est.outer_grad)
+    info = objectives.finish(dict(est.scalars))
+    return variables.outer_tree(est.outer_grad), info
