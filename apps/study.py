@@ -61,6 +61,8 @@ class Study:
     run_s: float
     questions: int  # questions scored per prediction of a trained method (test + OOD + calib)
     description: str = ""
+    # rows every other row is compared with, question by question ("variant/row")
+    baselines: tuple[str, ...] = ()
 
 
 # the issue-9 comparison: CALM's old default, its new default, and the new settings beside SFT/TS
@@ -85,6 +87,7 @@ CALM_DYNAMICS = Study(
     question_s=0.12,
     run_s=15.0,
     questions=340,
+    baselines=("default/sft", "reference/ts"),
 )
 
 STUDIES: dict[str, Study] = {s.name: s for s in (CALM_DYNAMICS,)}
@@ -202,6 +205,39 @@ def pooled_interval(probs: list[np.ndarray], labels: np.ndarray, *, n_boot: int 
     return float(np.quantile(values, 0.025)), float(np.quantile(values, 0.975))
 
 
+def _seed_mean(metric: Any, probs: list[np.ndarray], labels: np.ndarray, idx: np.ndarray) -> float:
+    import torch
+
+    y = torch.from_numpy(labels[idx])
+    return float(np.mean([metric(torch.from_numpy(p[idx]), y) for p in probs]))
+
+
+def paired_difference(probs_a: list[np.ndarray], probs_b: list[np.ndarray], labels: np.ndarray,
+                      *, n_boot: int = 1000, seed: int = 0) -> dict[str, dict[str, float]]:
+    """Row a minus row b on the same questions: conf-ECE and accuracy, each averaged over the
+    row's seeds, with a 95 % bootstrap interval that resamples questions once for both rows
+    (so question difficulty cancels) and the share of resamples in which a is not better.
+
+    ``probs_a``/``probs_b``: one (N, K) array per seed of each row; ``labels``: (N,).
+    """
+    from calibration.metrics import accuracy, conf_ece
+
+    rng = np.random.default_rng(seed)
+    n = labels.shape[0]
+    full = np.arange(n)
+    out = {}
+    draws = [rng.integers(0, n, n) for _ in range(n_boot)]
+    for name, metric, lower_better in (("conf_ece", conf_ece, True), ("accuracy", accuracy, False)):
+        diff = _seed_mean(metric, probs_a, labels, full) - _seed_mean(metric, probs_b, labels, full)
+        boot = np.array([_seed_mean(metric, probs_a, labels, i) - _seed_mean(metric, probs_b, labels, i)
+                         for i in draws])
+        worse = boot >= 0 if lower_better else boot <= 0
+        out[name] = {"diff": float(diff), "ci": [float(np.quantile(boot, 0.025)),
+                                                 float(np.quantile(boot, 0.975))],
+                     "p_not_better": float(worse.mean())}
+    return out
+
+
 def summarize(study: Study, root: Path, *, n_boot: int = 1000) -> dict[str, Any]:
     """Collect finished cells into ``study.json`` and ``study.md`` under ``root``."""
     rows: dict[str, dict[str, Any]] = {}
@@ -233,44 +269,79 @@ def summarize(study: Study, root: Path, *, n_boot: int = 1000) -> dict[str, Any]
                         for m, v in d["values"].items()}
             if d["_probs"]:
                 d["conf_ece_pooled_ci"] = pooled_interval(d["_probs"], d["_labels"], n_boot=n_boot)
+    for key, entry in rows.items():  # paired against the baselines, on the same questions
+        for ds, d in entry["datasets"].items():
+            d["vs"] = {}
+            for base in study.baselines:
+                b = rows.get(base, {}).get("datasets", {}).get(ds)
+                if base != key and b is not None and d["_probs"] and b["_probs"]:
+                    d["vs"][base] = paired_difference(d["_probs"], b["_probs"], d["_labels"],
+                                                      n_boot=n_boot)
+    for entry in rows.values():
+        for d in entry["datasets"].values():
             del d["_probs"], d["_labels"]
     out = {"study": study.name, "description": study.description, "rows": rows,
            "variants": {v.name: {"methods": list(v.methods), "args": list(v.args), "note": v.note}
                         for v in study.variants},
-           "common": list(study.common)}
+           "common": list(study.common), "baselines": list(study.baselines)}
     (root / "study.json").write_text(json.dumps(out, indent=1))
     (root / "study.md").write_text(markdown(out))
     return out
 
 
+def _metrics_table(summary: dict[str, Any], ds: str) -> list[str]:
+    lines = ["| variant / row | seeds | accuracy | conf-ECE | pooled 95% CI | cw-ECE | Brier | NLL | "
+             "confidence | calib NLL | calib conf-ECE |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for key, e in summary["rows"].items():
+        d = e["datasets"].get(ds)
+        if d is None:
+            continue
+
+        def cell(m: str) -> str:
+            return f"{d['mean'][m]:.3f} ± {d['std'][m]:.3f}" if m in d["mean"] else "–"
+
+        ci = d.get("conf_ece_pooled_ci")
+        ci_s = f"[{ci[0]:.3f}, {ci[1]:.3f}]" if ci else "–"
+        lines.append(f"| {key} | {len(e['seeds'])} | {cell('accuracy')} | {cell('conf_ece')} | "
+                     f"{ci_s} | {cell('cw_ece')} | {cell('brier')} | {cell('nll')} | "
+                     f"{cell('mean_confidence')} | {cell('calib_nll')} | {cell('calib_conf_ece')} |")
+    return lines
+
+
+def _paired_table(summary: dict[str, Any], ds: str) -> list[str]:
+    bases = summary.get("baselines", [])
+    if not bases:
+        return []
+    head = "| variant / row | " + " | ".join(f"Δ conf-ECE vs {b} | Δ accuracy vs {b}" for b in bases) + " |"
+    lines = [head, "|---|" + "---|---|" * len(bases)]
+    for key, e in summary["rows"].items():
+        vs = e["datasets"].get(ds, {}).get("vs", {})
+        cells = []
+        for b in bases:
+            for m in ("conf_ece", "accuracy"):
+                v = vs.get(b, {}).get(m)
+                cells.append("–" if v is None else
+                             f"{v['diff']:+.3f} [{v['ci'][0]:+.3f}, {v['ci'][1]:+.3f}] "
+                             f"p={v['p_not_better']:.2f}")
+        lines.append(f"| {key} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def markdown(summary: dict[str, Any]) -> str:
-    """Tables: one per dataset, mean ± std over seeds, pooled 95 % interval of conf-ECE."""
+    """Per dataset: mean ± std over seeds with the pooled 95 % interval of conf-ECE, then each
+    row minus each baseline on the same questions (95 % interval; p = share of resamples in
+    which the row is not better)."""
     lines = [f"# Study {summary['study']}", "", summary["description"], ""]
     datasets: dict[str, str] = {}
     for e in summary["rows"].values():
         for ds, d in e["datasets"].items():
             datasets.setdefault(ds, d["domain"])
     for ds, domain in datasets.items():
-        lines += [f"## {ds} ({domain})", "",
-                  "| variant / row | seeds | accuracy | conf-ECE | pooled 95% CI | cw-ECE | Brier | "
-                  "NLL | confidence | calib NLL | calib conf-ECE |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|"]
-        for key, e in summary["rows"].items():
-            d = e["datasets"].get(ds)
-            if d is None:
-                continue
-
-            def cell(m: str) -> str:
-                if m not in d["mean"]:
-                    return "–"
-                return f"{d['mean'][m]:.3f} ± {d['std'][m]:.3f}"
-
-            ci = d.get("conf_ece_pooled_ci")
-            ci_s = f"[{ci[0]:.3f}, {ci[1]:.3f}]" if ci else "–"
-            lines.append(f"| {key} | {len(e['seeds'])} | {cell('accuracy')} | {cell('conf_ece')} | "
-                         f"{ci_s} | {cell('cw_ece')} | {cell('brier')} | {cell('nll')} | "
-                         f"{cell('mean_confidence')} | {cell('calib_nll')} | {cell('calib_conf_ece')} |")
-        lines.append("")
+        lines += [f"## {ds} ({domain})", "", *_metrics_table(summary, ds), ""]
+        paired = _paired_table(summary, ds)
+        if paired:
+            lines += ["Paired on the same questions (row minus baseline, 95% interval, p = share "
+                      "of resamples where the row is not better):", "", *paired, ""]
     lines += ["## Variants", ""]
     for name, v in summary["variants"].items():
         lines.append(f"- `{name}`: `--methods {' '.join(v['methods'])} {' '.join(v['args'])}` "

@@ -17,7 +17,7 @@ TINY = S.Study(
     seeds=(0, 1),
     variants=(S.Variant("reference", ("none",), seeds=(0,)),
               S.Variant("sft", ("sft",), note="plain fine-tuning")),
-    step_s={"sft": 1.0}, question_s=0.01, run_s=1.0, questions=24,
+    step_s={"sft": 1.0}, question_s=0.01, run_s=1.0, questions=24, baselines=("sft/sft",),
 )
 
 
@@ -58,7 +58,12 @@ def test_cells_run_skip_and_summarize(tmp_path, capsys):
     lo, hi = d["conf_ece_pooled_ci"]
     assert 0.0 <= lo <= hi <= 1.0
     assert "| sft/sft | 2 |" in (root / "study.md").read_text()
-    assert out["rows"]["reference/none"]["datasets"]["sciq"]["std"]["accuracy"] == 0.0
+    none = out["rows"]["reference/none"]["datasets"]["sciq"]
+    assert none["std"]["accuracy"] == 0.0
+    vs = none["vs"]["sft/sft"]["conf_ece"]
+    assert vs["diff"] == pytest.approx(none["mean"]["conf_ece"] - d["mean"]["conf_ece"])
+    assert vs["ci"][0] <= vs["ci"][1] and 0.0 <= vs["p_not_better"] <= 1.0
+    assert "sft/sft" not in d["vs"]  # a baseline is not compared with itself
 
 
 def test_pooled_interval_resamples_questions_jointly():
@@ -71,3 +76,19 @@ def test_pooled_interval_resamples_questions_jointly():
     # identical seeds: the pooled interval is the single-seed bootstrap of the same resamples
     same = S.pooled_interval([probs[0]] * 3, labels, n_boot=200)
     assert same == pytest.approx(S.pooled_interval([probs[0]], labels, n_boot=200))
+
+
+def test_paired_difference_of_a_row_with_itself_is_exactly_zero():
+    rng = np.random.default_rng(1)
+    labels = rng.integers(0, 4, 30)
+    probs = [rng.dirichlet(np.ones(4), 30) for _ in range(2)]
+    same = S.paired_difference(probs, probs, labels, n_boot=50)
+    for m in ("conf_ece", "accuracy"):
+        assert same[m]["diff"] == 0.0 and same[m]["ci"] == [0.0, 0.0]
+        assert same[m]["p_not_better"] == 1.0  # never better than itself
+    # a perfect row beats a uniform one in accuracy on every resample
+    perfect = [np.eye(4)[labels]]
+    uniform = [np.full((30, 4), 0.25)]
+    acc = S.paired_difference(perfect, uniform, labels, n_boot=50)["accuracy"]
+    assert acc["diff"] == pytest.approx(1.0 - np.mean(np.argmax(uniform[0], 1) == labels))
+    assert acc["p_not_better"] == 0.0
