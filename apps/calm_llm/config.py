@@ -22,6 +22,8 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from calibration import alpha_table  # torch-free: the α names and options
+
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"
 
 METHODS = (
@@ -178,12 +180,12 @@ class CalmConfig:
     alpha_param: str = opt(
         "affine",
         "α parameterization (calm_scalar always uses 'temperature')",
-        choices=("affine", "temperature", "class_temperature", "shift"),
+        choices=alpha_table.Names(learns_only=True),  # live: a registered one is offered too
     )
     alpha_form: str = opt(
         "z/tau+l",
         "algebraic form of the affine α (reconstruction: the paper does not say)",
-        choices=("z/tau+l", "(z+l)/tau"),
+        choices=tuple(alpha_table.FORM.aliases),
     )
     alpha_support: str = opt(
         "answer_tokens",
@@ -196,7 +198,7 @@ class CalmConfig:
         "bounded",
         "τ from its raw parameter: exp (unbounded), softplus, or exp(b·tanh(raw/b)) with "
         "b = log(--alpha-tau-max) (τ cannot leave (1/τmax, τmax))",
-        choices=("log", "softplus", "bounded"),
+        choices=alpha_table.POSITIVITIES,
     )
     alpha_tau_max: float = opt(20.0, "bound of τ for --alpha-positivity bounded (> 1)")
     alpha_decay: float = opt(
