@@ -24,6 +24,8 @@ from typing import Any
 
 from calibration import alpha_table  # torch-free: the α names and options
 
+from .data import sources  # torch-free: the data source table
+
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"
 
 METHODS = (
@@ -37,17 +39,9 @@ METHODS = (
     "calm_regularization",
     "calm_scalar",
 )
-# A copy of data.MCQA_SOURCES (a test keeps them equal): importing the data package pulls in torch,
-# and validation must stay instant.
-MCQA_SOURCES = (
-    "mmlu",
-    "medmcqa",
-    "openbookqa",
-    "arc_challenge",
-    "arc_easy",
-    "commonsense_qa",
-    "sciq",
-)
+# The built-in names of the source table (data.sources imports without torch, so validation stays
+# instant); validation reads the live table, which includes sources a user registered.
+MCQA_SOURCES = sources.MCQA_SOURCES
 
 
 class ConfigError(ValueError):
@@ -597,8 +591,8 @@ def validate(cfg: Config) -> None:
     files, hub = data_files(cfg), data_hub(cfg)
     for src in [*d.in_domain, *d.out_of_domain]:
         _check(
-            src in MCQA_SOURCES or src in files or src in hub,
-            f"unknown MCQA source {src!r}: one of {list(MCQA_SOURCES)}, or give its file with "
+            src in sources.source_names("mcqa") or src in files or src in hub,
+            f"unknown MCQA source {src!r}: one of {list(sources.source_names())}, or give its file with "
             f"--data-files {src}=PATH or its hub name with --data-hub {src}=ORG/NAME",
         )
     if d.instruction_data:

@@ -29,7 +29,6 @@ from safetensors.torch import load_file, save_file
 from transformers import LogitsProcessor
 
 
-
 def export_method(out_dir: str | Path, lm: Any, method: Any) -> Path:
     """Write the adapter and (when the method learned one) α of a trained method."""
     out = Path(out_dir)
