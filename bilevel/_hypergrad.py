@@ -89,8 +89,9 @@ class Unrolled:
         theta, first_grad, first_value = inner_gradient_steps(
             objectives, start, batches.lower, steps=T - K, lr=self.lr, total=T
         )
-        # Steps inside the window. Plain autograd.grad(create_graph=True) measured ≈2.4×
-        # faster than torch.func.grad of the whole loop (measured: 300 vs 730 ms on a logistic problem, T = 20).
+        # Steps inside the window, with plain autograd.grad(create_graph=True): faster than
+        # torch.func.grad of the whole loop (docs/performance.md, "Measured choices inside
+        # bilevel/").
         theta = leaf_aliases(theta)
         outer_tree = variables.outer_tree(alpha)
         for t in range(T - K, T):
@@ -165,11 +166,9 @@ class Implicit:
         g = objectives.lower(outer_tree, inner_tree, batches.lower, where)
         # Linearize once: the graph of ∇_θ g is built a single time and every Hessian-vector
         # product below is one backward through it (retain_graph=True); as the Hessian is
-        # symmetric, the vector-Jacobian product of ∇_θ g is the HVP. Measured here
-        # (logistic regression, d = 2000, n = 4000, 20 CG iterations, 1 CPU thread): this
-        # 57 ms, torch.func.vjp of torch.func.grad reused as a pullback 75 ms, a fresh
-        # forward-over-reverse jvp(grad) per iteration 344 ms. Plain autograd also leaves a
-        # model's frozen parameters alone even when they have requires_grad=True.
+        # symmetric, the vector-Jacobian product of ∇_θ g is the HVP. Faster than the torch.func
+        # alternatives (timings: docs/performance.md, "Measured choices inside bilevel/"); plain
+        # autograd also leaves a model's frozen parameters alone even when requires_grad=True.
         gth = grad(g, theta, create_graph=True)
         f = objectives.upper(outer_tree, inner_tree, batches.upper, where)
         df = grad(f, alpha + theta)

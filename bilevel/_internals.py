@@ -168,7 +168,7 @@ class CheckedObjectives:
         parts = []
         if new:
             # One stack + one isfinite for all T + 1 values, not a check and a cast per value
-            # (measured: ~20 operators per unrolled step otherwise, doubling tiny problems' time).
+            # (timings: docs/performance.md, "Measured choices inside bilevel/").
             try:
                 stacked = torch.stack(new)
             except RuntimeError:  # values on different devices

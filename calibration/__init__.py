@@ -2,10 +2,29 @@
 
 Knows nothing about solvers or LLMs: imports torch and numpy only (matplotlib lazily, inside
 the plotting functions). See docs/calibration.md.
+
+The submodules load on first use (``calibration.metrics``, ``from calibration import alpha``),
+so that ``calibration.alpha_table`` — the names and options of the α parameterizations — can be
+read by a command line without importing torch.
 """
 
-from calibration import alpha, metrics, objectives, plots, posthoc
+from __future__ import annotations
+
+import importlib
+from typing import Any
 
 __version__ = "0.1.0"
 
-__all__ = ["__version__", "alpha", "metrics", "objectives", "plots", "posthoc"]
+__all__ = ["__version__", "alpha", "alpha_table", "metrics", "objectives", "plots", "posthoc"]
+
+_SUBMODULES = frozenset(__all__) - {"__version__"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _SUBMODULES:
+        return importlib.import_module(f"{__name__}.{name}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | _SUBMODULES)

@@ -1,13 +1,22 @@
 """α parameterizations: plug-in logit transforms that CALM (and post-hoc scaling) learn.
 
-Each parameterization is a pair of pure functions, as optax does for optimizers:
+Each parameterization is one small object with pure functions, as optax does for optimizers
+(the `Parameterization` protocol):
 
+    p      = get("affine", form="scale_shift")    # or Affine(form="scale_shift")
     params = p.init(K)                        # dict[str, Tensor]; identity transform at init
     z_new  = p.apply(params, logits)          # acts on the last axis of logits (..., K)
     z_new  = p.apply(params, logits, class_ids)   # logits (..., V); only columns class_ids (K,)
                                                   # change, the other V − K are passed through
+    z      = p.invert(params, z_new)          # the logits that apply maps to z_new
+    p.options()                               # {"form": ..., "positivity": ..., "tau_max": ...}
 
-Registry (``get(name, **options)``):
+``invert`` is defined for every parameterization below (τ > 0 makes each one a bijection of
+the logits); a user's parameterization that is not invertible leaves `Transform.inverse`
+unimplemented, and its ``invert`` raises NotImplementedError.
+
+Registry (``get(name, **options)``; the names and options live in `calibration.alpha_table`,
+torch-free, so a CLI can list them; `register` adds one):
 
 =====================  ==========================  =========================================
 name                   params                      transform of the K selected logits z
@@ -24,9 +33,10 @@ name                   params                      transform of the K selected l
 grows linearly, so no step size sends τ to 1e11 through exp) or exp(b·tanh(tau_raw / b)) with
 b = log(tau_max) (``positivity="bounded"``: τ ∈ [1/tau_max, tau_max] whatever the optimizer does,
 and ≈ exp(tau_raw) near identity); all start at τ = 1, l = 0. ``deviation(params)`` is
-½‖params − identity‖², the prior that pulls α back to the identity transform. The default affine form z/τ + l is a reconstruction (the CALM paper
-does not publish its form): it keeps the transform linear in (1/τ, l), so the NLL of post-hoc
-fitting is convex in those, and the shift reads directly as a log-prior correction.
+½‖params − identity‖², the prior that pulls α back to the identity transform. The default
+affine form z/τ + l is a reconstruction (the CALM paper does not publish its form): it keeps
+the transform linear in (1/τ, l), so the NLL of post-hoc fitting is convex in those, and the
+shift reads directly as a log-prior correction.
 
 Dtype: the transform is computed in the promoted dtype of logits and params and cast back to
 ``logits.dtype``, so a bfloat16 model stays bfloat16. With ``class_ids`` the result is one
@@ -36,19 +46,36 @@ out-of-place ``index_copy`` of the logits (one full-vocabulary copy, needed for 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Literal
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, fields
+from typing import Any, ClassVar, Literal, Protocol, runtime_checkable
 
 import torch
 import torch.nn.functional as F
 
-__all__ = ["NAMES", "Parameterization", "get"]
+from calibration import alpha_table
+from calibration.alpha_table import NAMES, POSITIVITIES, TEMPERATURE_OPTIONS, Option
+
+__all__ = [
+    "NAMES",
+    "POSITIVITIES",
+    "REGISTRY",
+    "TEMPERATURE_OPTIONS",
+    "Affine",
+    "ClassTemperature",
+    "Identity",
+    "Option",
+    "Parameterization",
+    "Shift",
+    "Temperature",
+    "Transform",
+    "get",
+    "register",
+]
 
 Params = dict[str, torch.Tensor]
 Form = Literal["scale_shift", "shift_scale"]
 Positivity = Literal["log", "softplus", "bounded"]
-POSITIVITIES: tuple[str, ...] = ("log", "softplus", "bounded")
 
 # softplus(x) = 1  <=>  x = log(e − 1): the raw value that starts τ at exactly 1.
 _SOFTPLUS_ONE = math.log(math.e - 1.0)
@@ -67,20 +94,79 @@ def _raw_one(positivity: Positivity) -> float:
     return _SOFTPLUS_ONE if positivity == "softplus" else 0.0
 
 
-@dataclass(frozen=True)
-class Parameterization:
-    """A named logit transform: ``init(K, dtype=, device=) -> params`` and
-    ``apply(params, logits, class_ids=None) -> logits``; ``constrained(params)`` returns the
-    human-readable values (τ, l) for logging."""
+@runtime_checkable
+class Parameterization(Protocol):
+    """What the apps (and `calibration.posthoc`) need of an α parameterization.
+
+    ``init(K, dtype=, device=) -> params`` the identity transform for K classes;
+    ``apply(params, logits, class_ids=None) -> logits`` the transform of the last axis;
+    ``invert(params, logits, class_ids=None) -> logits`` its inverse (NotImplementedError
+    where it has none); ``constrained(params)`` the human-readable values (τ, l) for logging;
+    ``deviation(params)`` ½‖params − identity‖²; ``options()`` the options it was built with
+    (``get(name, **p.options())`` rebuilds it, which is how an export records it).
+    """
 
     name: str
-    form: Form = "scale_shift"
-    positivity: Positivity = "log"
-    has_tau: bool = False
-    per_class_tau: bool = False
-    has_shift: bool = False
-    tau_max: float = 20.0
-    _keys: tuple[str, ...] = field(default=(), repr=False)
+
+    def init(self, K: int, *, dtype: torch.dtype = ..., device: Any = ...) -> Params: ...
+
+    def apply(self, params: Params, logits: torch.Tensor,
+              class_ids: torch.Tensor | None = None) -> torch.Tensor: ...
+
+    def invert(self, params: Params, logits: torch.Tensor,
+               class_ids: torch.Tensor | None = None) -> torch.Tensor: ...
+
+    def constrained(self, params: Params) -> dict[str, torch.Tensor]: ...
+
+    def deviation(self, params: Params) -> torch.Tensor: ...
+
+    def options(self) -> dict[str, Any]: ...
+
+
+@dataclass(frozen=True)
+class Transform:
+    """The shared machinery of a parameterization; a subclass (a frozen dataclass whose fields
+    are its options) defines only
+
+    ``layout(K) -> {key: (shape, identity value of the raw entry)}``,
+    ``forward(params, z) -> z'`` on the K selected columns z (..., K), and optionally
+    ``inverse(params, z') -> z`` and ``constrained(params)``.
+
+    `Transform` checks the keys and shapes, selects ``class_ids`` and writes them back with
+    one ``index_copy``, casts to the logits' dtype, and provides ``deviation`` and ``options``.
+    The options of a registered name are normalized by its `alpha_table` entry on
+    construction (aliases mapped, values checked).
+    """
+
+    name: ClassVar[str] = "transform"
+
+    def __post_init__(self) -> None:
+        if self.name in alpha_table.SPECS:
+            for key, value in alpha_table.resolve(self.name, self.options()).items():
+                object.__setattr__(self, key, value)
+
+    # -- what a subclass defines ------------------------------------------------------------
+    def layout(self, K: int) -> dict[str, tuple[tuple[int, ...], float]]:
+        """{key: (shape, raw value at identity)} of the params for K classes."""
+        return {}
+
+    def forward(self, params: Params, z: torch.Tensor) -> torch.Tensor:
+        """The transform of the selected logits z (..., K)."""
+        return z
+
+    def inverse(self, params: Params, z: torch.Tensor) -> torch.Tensor:
+        """The z that ``forward`` maps to the given logits (NotImplementedError: none)."""
+        raise NotImplementedError(f"alpha {self.name!r} defines no inverse")
+
+    def constrained(self, params: Params) -> dict[str, torch.Tensor]:
+        """The params as a human reads them (the raw ones unless a subclass says otherwise)."""
+        self._check_keys(params)
+        return dict(params)
+
+    # -- shared -----------------------------------------------------------------------------
+    def options(self) -> dict[str, Any]:
+        """The options this parameterization was built with (its dataclass fields)."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
 
     def init(
         self, K: int, *, dtype: torch.dtype = torch.float32, device: torch.device | str | None = None
@@ -88,23 +174,10 @@ class Parameterization:
         """Parameters of the identity transform for K classes (K ignored by scalar forms)."""
         if isinstance(K, bool) or not isinstance(K, int) or K < 1:
             raise ValueError(f"K must be a positive integer, got {K!r}")
-        params: Params = {}
-        if self.has_tau:
-            shape = (K,) if self.per_class_tau else ()
-            params["tau_raw"] = torch.full(shape, _raw_one(self.positivity), dtype=dtype, device=device)
-        if self.has_shift:
-            params["shift"] = torch.zeros(K, dtype=dtype, device=device)
-        return params
-
-    def constrained(self, params: Params) -> dict[str, torch.Tensor]:
-        """{"tau": τ, "shift": l} for the entries this parameterization has."""
-        self._check_keys(params)
-        out = {}
-        if self.has_tau:
-            out["tau"] = _tau(params["tau_raw"], self.positivity, self.tau_max)
-        if self.has_shift:
-            out["shift"] = params["shift"]
-        return out
+        return {
+            key: torch.full(shape, value, dtype=dtype, device=device)
+            for key, (shape, value) in self.layout(K).items()
+        }
 
     def deviation(self, params: Params) -> torch.Tensor:
         """½ Σ (params − identity)² over every entry: 0 at the identity transform.
@@ -114,10 +187,10 @@ class Parameterization:
         the same point in the log parameterization but not in the softplus one).
         """
         self._check_keys(params)
+        centres = {key: value for key, (_, value) in self.layout(1).items()}
         total = None
         for key, value in params.items():
-            centre = _raw_one(self.positivity) if key == "tau_raw" else 0.0
-            term = 0.5 * (value - centre).square().sum()
+            term = 0.5 * (value - centres[key]).square().sum()
             total = term if total is None else total + term
         if total is None:
             return torch.zeros(())
@@ -133,6 +206,21 @@ class Parameterization:
         order of class_ids); the rest of the vocabulary is returned unchanged. Differentiable
         in params and logits.
         """
+        return self._on_columns(self.forward, params, logits, class_ids)
+
+    def invert(
+        self, params: Params, logits: torch.Tensor, class_ids: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """The logits that ``apply(params, ·, class_ids)`` maps to ``logits`` (same shapes)."""
+        return self._on_columns(self.inverse, params, logits, class_ids)
+
+    def _on_columns(
+        self,
+        fn: Callable[[Params, torch.Tensor], torch.Tensor],
+        params: Params,
+        logits: torch.Tensor,
+        class_ids: torch.Tensor | None,
+    ) -> torch.Tensor:
         if not logits.is_floating_point():
             # the result is cast back to logits.dtype: z / τ on int logits would be truncated
             raise TypeError(
@@ -141,44 +229,32 @@ class Parameterization:
                 "logits.float()"
             )
         self._check_keys(params)
-        if not self._keys:
+        if not params:
             return logits
         if logits.ndim < 1:
             raise ValueError("logits must have at least one axis (the class axis)")
         v = logits.shape[-1]
-        if class_ids is None:
-            k = v
-        else:
+        if class_ids is not None:
             class_ids = _check_class_ids(class_ids, v, logits.device)
-            k = class_ids.numel()
-        self._check_shapes(params, k)
+        self._check_shapes(params, v if class_ids is None else class_ids.numel())
         z = logits if class_ids is None else logits.index_select(-1, class_ids)
-        out = self._transform(params, z).to(logits.dtype)
+        out = fn(params, z).to(logits.dtype)
         if class_ids is None:
             return out
         return logits.index_copy(logits.ndim - 1, class_ids, out)
 
-    def _transform(self, params: Params, z: torch.Tensor) -> torch.Tensor:
-        tau = _tau(params["tau_raw"], self.positivity, self.tau_max) if self.has_tau else None
-        shift = params["shift"] if self.has_shift else None
-        if tau is not None and shift is not None and self.form == "shift_scale":
-            return (z + shift) / tau
-        if tau is not None:
-            z = z / tau
-        if shift is not None:
-            z = z + shift
-        return z
-
-    def _check_keys(self, params: Params) -> None:
-        if set(params) != set(self._keys):
+    def _check_keys(self, params: Mapping[str, torch.Tensor]) -> None:
+        keys = self.layout(1)
+        if set(params) != set(keys):
             raise ValueError(
-                f"alpha {self.name!r} expects params with keys {sorted(self._keys)}, "
+                f"alpha {self.name!r} expects params with keys {sorted(keys)}, "
                 f"got {sorted(params)}"
             )
 
     def _check_shapes(self, params: Params, k: int) -> None:
+        layout = self.layout(k)
         for key, value in params.items():
-            expected = () if (key == "tau_raw" and not self.per_class_tau) else (k,)
+            expected = layout[key][0]
             if tuple(value.shape) != expected:
                 raise ValueError(
                     f"alpha {self.name!r}: params[{key!r}] has shape {tuple(value.shape)}, "
@@ -200,88 +276,131 @@ def _check_class_ids(class_ids: torch.Tensor, v: int, device: torch.device) -> t
     return ids
 
 
-_FACTORIES: dict[str, Callable[..., Parameterization]] = {}
-_OPTIONS: dict[str, set[str]] = {}
+# ---- the parameterizations ------------------------------------------------------------------
+@dataclass(frozen=True)
+class Identity(Transform):
+    """z: no parameters (the baseline of a comparison)."""
+
+    name: ClassVar[str] = "identity"
+
+    def inverse(self, params: Params, z: torch.Tensor) -> torch.Tensor:
+        return z
 
 
-def _register(name: str, options: set[str]) -> Callable:
-    def deco(fn: Callable[..., Parameterization]) -> Callable[..., Parameterization]:
-        _FACTORIES[name] = fn
-        _OPTIONS[name] = options
-        return fn
+@dataclass(frozen=True)
+class Temperature(Transform):
+    """z / τ with one scalar τ = positivity(tau_raw)."""
 
-    return deco
+    name: ClassVar[str] = "temperature"
+    positivity: Positivity = "log"
+    tau_max: float = 20.0
+    per_class: ClassVar[bool] = False
 
+    def layout(self, K: int) -> dict[str, tuple[tuple[int, ...], float]]:
+        return {"tau_raw": ((K,) if self.per_class else (), _raw_one(self.positivity))}
 
-def _check_positivity(positivity: str, tau_max: float = 20.0) -> None:
-    if positivity not in POSITIVITIES:
-        raise ValueError(f"positivity must be one of {POSITIVITIES}, got {positivity!r}")
-    if not (isinstance(tau_max, int | float) and math.isfinite(tau_max) and tau_max > 1.0):
-        raise ValueError(f"tau_max must be a finite number > 1, got {tau_max!r}")
+    def tau(self, params: Params) -> torch.Tensor:
+        """τ from its raw parameter."""
+        return _tau(params["tau_raw"], self.positivity, self.tau_max)
 
+    def forward(self, params: Params, z: torch.Tensor) -> torch.Tensor:
+        return z / self.tau(params)
 
-@_register("identity", set())
-def _identity() -> Parameterization:
-    return Parameterization(name="identity")
+    def inverse(self, params: Params, z: torch.Tensor) -> torch.Tensor:
+        return z * self.tau(params)
 
-
-@_register("temperature", {"positivity", "tau_max"})
-def _temperature(positivity: Positivity = "log", tau_max: float = 20.0) -> Parameterization:
-    _check_positivity(positivity, tau_max)
-    return Parameterization(
-        name="temperature", positivity=positivity, has_tau=True, tau_max=float(tau_max),
-        _keys=("tau_raw",),
-    )
+    def constrained(self, params: Params) -> dict[str, torch.Tensor]:
+        """{"tau": τ}."""
+        self._check_keys(params)
+        return {"tau": self.tau(params)}
 
 
-@_register("class_temperature", {"positivity", "tau_max"})
-def _class_temperature(positivity: Positivity = "log", tau_max: float = 20.0) -> Parameterization:
-    _check_positivity(positivity, tau_max)
-    return Parameterization(
-        name="class_temperature",
-        positivity=positivity,
-        tau_max=float(tau_max),
-        has_tau=True,
-        per_class_tau=True,
-        _keys=("tau_raw",),
-    )
+@dataclass(frozen=True)
+class ClassTemperature(Temperature):
+    """z_j / τ_j, one τ per class."""
+
+    name: ClassVar[str] = "class_temperature"
+    per_class: ClassVar[bool] = True
 
 
-@_register("shift", set())
-def _shift() -> Parameterization:
-    return Parameterization(name="shift", has_shift=True, _keys=("shift",))
+@dataclass(frozen=True)
+class Shift(Transform):
+    """z_j + l_j, one shift per class (a log-prior correction)."""
+
+    name: ClassVar[str] = "shift"
+
+    def layout(self, K: int) -> dict[str, tuple[tuple[int, ...], float]]:
+        return {"shift": ((K,), 0.0)}
+
+    def forward(self, params: Params, z: torch.Tensor) -> torch.Tensor:
+        return z + params["shift"]
+
+    def inverse(self, params: Params, z: torch.Tensor) -> torch.Tensor:
+        return z - params["shift"]
 
 
-@_register("affine", {"form", "positivity", "tau_max"})
-def _affine(
-    form: Form = "scale_shift", positivity: Positivity = "log", tau_max: float = 20.0
-) -> Parameterization:
-    _check_positivity(positivity, tau_max)
-    if form not in ("scale_shift", "shift_scale"):
-        raise ValueError(f"form must be 'scale_shift' (z/τ + l) or 'shift_scale' ((z + l)/τ), got {form!r}")
-    return Parameterization(
-        name="affine",
-        form=form,
-        positivity=positivity,
-        tau_max=float(tau_max),
-        has_tau=True,
-        per_class_tau=True,
-        has_shift=True,
-        _keys=("tau_raw", "shift"),
-    )
+@dataclass(frozen=True)
+class Affine(ClassTemperature):
+    """z_j / τ_j + l_j (``form="scale_shift"``) or (z_j + l_j) / τ_j (``form="shift_scale"``)."""
+
+    name: ClassVar[str] = "affine"
+    form: Form = "scale_shift"
+
+    def layout(self, K: int) -> dict[str, tuple[tuple[int, ...], float]]:
+        return {"tau_raw": ((K,), _raw_one(self.positivity)), "shift": ((K,), 0.0)}
+
+    def forward(self, params: Params, z: torch.Tensor) -> torch.Tensor:
+        tau, shift = self.tau(params), params["shift"]
+        if self.form == "shift_scale":
+            return (z + shift) / tau
+        return z / tau + shift
+
+    def inverse(self, params: Params, z: torch.Tensor) -> torch.Tensor:
+        tau, shift = self.tau(params), params["shift"]
+        if self.form == "shift_scale":
+            return z * tau - shift
+        return (z - shift) * tau
+
+    def constrained(self, params: Params) -> dict[str, torch.Tensor]:
+        """{"tau": τ, "shift": l}."""
+        self._check_keys(params)
+        return {"tau": self.tau(params), "shift": params["shift"]}
 
 
-NAMES: tuple[str, ...] = tuple(_FACTORIES)
+# ---- the registry ---------------------------------------------------------------------------
+REGISTRY: dict[str, Callable[..., Parameterization]] = {
+    cls.name: cls for cls in (Affine, Temperature, ClassTemperature, Shift, Identity)
+}
+assert set(REGISTRY) == set(alpha_table.SPECS), "alpha_table lists the built-in names"
 
 
-def get(name: str, **options: str | float) -> Parameterization:
+def register(
+    name: str,
+    factory: Callable[..., Parameterization] | None = None,
+    *,
+    options: Mapping[str, Option] | None = None,
+    learns: bool = True,
+) -> Any:
+    """Add the parameterization ``factory(**options) -> Parameterization`` under ``name``
+    (usable as a class decorator): `get`, `NAMES` and `alpha_table` (hence a CLI's choices)
+    see it at once. ``options`` declares each option (`Option`: default, choices, aliases,
+    check); ``learns=False`` for one without parameters. Replaces a registration of the same
+    name."""
+
+    def add(f: Callable[..., Parameterization]) -> Callable[..., Parameterization]:
+        if not callable(f):
+            raise TypeError(f"alpha {name!r}: the factory must be callable, got {f!r}")
+        alpha_table.add(alpha_table.Spec(name, dict(options or {}), learns))
+        REGISTRY[name] = f
+        return f
+
+    return add if factory is None else add(factory)
+
+
+def get(name: str, **options: Any) -> Parameterization:
     """The parameterization registered as ``name`` (see the module table), with ``options``
     (``form`` for "affine"; ``positivity`` and ``tau_max`` for those with a temperature)."""
-    if name not in _FACTORIES:
-        raise ValueError(f"unknown alpha parameterization {name!r}; choose one of {list(NAMES)}")
-    unknown = set(options) - _OPTIONS[name]
-    if unknown:
-        raise ValueError(
-            f"alpha {name!r} takes options {sorted(_OPTIONS[name]) or 'none'}; got {sorted(unknown)}"
-        )
-    return _FACTORIES[name](**options)
+    resolved = alpha_table.resolve(name, options)
+    if name not in REGISTRY:
+        raise ValueError(f"alpha {name!r} is listed but has no implementation; use register()")
+    return REGISTRY[name](**resolved)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -107,6 +108,35 @@ def _golden_section(f, lo: float, hi: float, tol: float) -> float:
     return min(candidates)[1]
 
 
+def _lbfgs_log_temperature(nll: Callable[[torch.Tensor], torch.Tensor], max_iter: int) -> float:
+    """L-BFGS (strong Wolfe) on s = log T from s = 0; the s it ends at (maybe not finite)."""
+    s = torch.zeros((), dtype=torch.float64, requires_grad=True)
+    opt = torch.optim.LBFGS(
+        [s], lr=1.0, max_iter=max_iter, tolerance_grad=1e-12, tolerance_change=1e-15,
+        line_search_fn="strong_wolfe",
+    )
+
+    def closure() -> torch.Tensor:
+        opt.zero_grad()
+        loss = nll(s)
+        loss.backward()
+        return loss
+
+    opt.step(closure)
+    return float(s.detach())
+
+
+def _is_stationary_inside(
+    nll: Callable[[torch.Tensor], torch.Tensor], s_hat: float, lo: float, hi: float
+) -> bool:
+    """s_hat is finite, strictly inside (lo, hi), and |dNLL/ds| < 1e-7 there."""
+    if not (math.isfinite(s_hat) and lo < s_hat < hi):
+        return False
+    st = torch.tensor(s_hat, dtype=torch.float64, requires_grad=True)
+    (g,) = torch.autograd.grad(nll(st), [st])
+    return abs(float(g)) < 1e-7
+
+
 def fit_temperature(
     logits: torch.Tensor,
     labels: torch.Tensor,
@@ -133,28 +163,8 @@ def fit_temperature(
         return F.cross_entropy(z * torch.exp(-torch.as_tensor(s, dtype=torch.float64)), y)
 
     nll_before = float(nll(0.0))
-    s = torch.zeros((), dtype=torch.float64, requires_grad=True)
-    opt = torch.optim.LBFGS(
-        [s], lr=1.0, max_iter=max_iter, tolerance_grad=1e-12, tolerance_change=1e-15,
-        line_search_fn="strong_wolfe",
-    )
-
-    def closure() -> torch.Tensor:
-        opt.zero_grad()
-        loss = nll(s)
-        loss.backward()
-        return loss
-
-    opt.step(closure)
-    s_hat = float(s.detach())
-    inside = math.isfinite(s_hat) and lo < s_hat < hi
-    if inside:
-        st = torch.tensor(s_hat, dtype=torch.float64, requires_grad=True)
-        (g,) = torch.autograd.grad(nll(st), [st])
-        stationary = abs(float(g)) < 1e-7
-    else:
-        stationary = False
-    if not stationary:
+    s_hat = _lbfgs_log_temperature(nll, max_iter)
+    if not _is_stationary_inside(nll, s_hat, lo, hi):
         s_hat = _golden_section(lambda v: float(nll(v)), lo, hi, tol)
 
     nll_after = float(nll(s_hat))

@@ -22,6 +22,10 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from calibration import alpha_table  # torch-free: the α names and options
+
+from .data import sources  # torch-free: the data source table
+
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"
 
 METHODS = (
@@ -35,17 +39,9 @@ METHODS = (
     "calm_regularization",
     "calm_scalar",
 )
-# A copy of data.MCQA_SOURCES (a test keeps them equal): importing the data package pulls in torch,
-# and validation must stay instant.
-MCQA_SOURCES = (
-    "mmlu",
-    "medmcqa",
-    "openbookqa",
-    "arc_challenge",
-    "arc_easy",
-    "commonsense_qa",
-    "sciq",
-)
+# The built-in names of the source table (data.sources imports without torch, so validation stays
+# instant); validation reads the live table, which includes sources a user registered.
+MCQA_SOURCES = sources.MCQA_SOURCES
 
 
 class ConfigError(ValueError):
@@ -178,12 +174,12 @@ class CalmConfig:
     alpha_param: str = opt(
         "affine",
         "α parameterization (calm_scalar always uses 'temperature')",
-        choices=("affine", "temperature", "class_temperature", "shift"),
+        choices=alpha_table.Names(learns_only=True),  # live: a registered one is offered too
     )
     alpha_form: str = opt(
         "z/tau+l",
         "algebraic form of the affine α (reconstruction: the paper does not say)",
-        choices=("z/tau+l", "(z+l)/tau"),
+        choices=tuple(alpha_table.FORM.aliases),
     )
     alpha_support: str = opt(
         "answer_tokens",
@@ -196,7 +192,7 @@ class CalmConfig:
         "bounded",
         "τ from its raw parameter: exp (unbounded), softplus, or exp(b·tanh(raw/b)) with "
         "b = log(--alpha-tau-max) (τ cannot leave (1/τmax, τmax))",
-        choices=("log", "softplus", "bounded"),
+        choices=alpha_table.POSITIVITIES,
     )
     alpha_tau_max: float = opt(20.0, "bound of τ for --alpha-positivity bounded (> 1)")
     alpha_decay: float = opt(
@@ -595,8 +591,8 @@ def validate(cfg: Config) -> None:
     files, hub = data_files(cfg), data_hub(cfg)
     for src in [*d.in_domain, *d.out_of_domain]:
         _check(
-            src in MCQA_SOURCES or src in files or src in hub,
-            f"unknown MCQA source {src!r}: one of {list(MCQA_SOURCES)}, or give its file with "
+            src in sources.source_names("mcqa") or src in files or src in hub,
+            f"unknown MCQA source {src!r}: one of {list(sources.source_names())}, or give its file with "
             f"--data-files {src}=PATH or its hub name with --data-hub {src}=ORG/NAME",
         )
     if d.instruction_data:

@@ -3,8 +3,8 @@
 ``export_method(dir, lm, method)`` writes
   ``dir/adapter/``          peft ``save_pretrained`` (load with ``PeftModel.from_pretrained`` on the
                             same base model, or ``AutoPeftModelForCausalLM``),
-  ``dir/alpha.safetensors`` α tensors, and ``dir/alpha.json`` (parameterization, form, positivity, support,
-                            option ids, whether α applies at inference).
+  ``dir/alpha.safetensors`` α tensors, and ``dir/alpha.json`` (the parameterization's name and
+                            its options, support, option ids, whether α applies at inference).
   ``dir/base.json``         the base model's name and a weights fingerprint
                             (`model.base_fingerprint`: vocabulary size, a hash of a few
                             embedding rows).
@@ -28,8 +28,6 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import LogitsProcessor
 
-from .methods.alpha_wiring import FORMS
-
 
 def export_method(out_dir: str | Path, lm: Any, method: Any) -> Path:
     """Write the adapter and (when the method learned one) α of a trained method."""
@@ -42,12 +40,9 @@ def export_method(out_dir: str | Path, lm: Any, method: Any) -> Path:
         c = method.ctx.cfg.calm
         save_file({n: t.detach().cpu().contiguous() for n, t in alpha.params.items()},
                   str(out / "alpha.safetensors"))
-        name = method.alpha_param or c.alpha_param
         meta = {
-            "param": name,
-            "form": c.alpha_form if name == "affine" else None,
-            "positivity": None if name == "shift" else c.alpha_positivity,
-            "tau_max": None if name == "shift" else c.alpha_tau_max,
+            "param": alpha.param.name,
+            "options": alpha.param.options(),  # calibration.alpha.get(param, **options) rebuilds it
             "support": c.alpha_support,
             "acts_on": alpha.on,
             "class_ids": None if alpha.class_ids is None else alpha.class_ids.tolist(),
@@ -101,11 +96,7 @@ class AlphaLogitsProcessor(LogitsProcessor):
                 "vocabulary logits, so it has no next-token form for generate(); apply it to "
                 "the option scores with calibration.alpha"
             )
-        kwargs = {"form": FORMS[meta["form"]]} if meta.get("form") else {}
-        for key in ("positivity", "tau_max"):
-            if meta.get(key) is not None:
-                kwargs[key] = meta[key]
-        param = calibration_alpha.get(meta["param"], **kwargs)
+        param = calibration_alpha.get(meta["param"], **_recorded_options(meta))
         params = {n: t.to(device) for n, t in load_file(str(d / "alpha.safetensors")).items()}
         ids = meta.get("class_ids")
         record = read_base_record(d)
@@ -124,6 +115,15 @@ class AlphaLogitsProcessor(LogitsProcessor):
         ids = None if self.class_ids is None else self.class_ids.to(scores.device)
         out = self.param.apply(params, scores.float(), class_ids=ids)
         return out.to(scores.dtype)
+
+
+def _recorded_options(meta: dict[str, Any]) -> dict[str, Any]:
+    """The parameterization's options as ``alpha.json`` records them; an export written before
+    ``options`` was recorded has ``form`` (the CLI spelling, an alias the table maps),
+    ``positivity`` and ``tau_max`` keys, None where the parameterization has no such option."""
+    if "options" in meta:
+        return dict(meta["options"])
+    return {k: meta[k] for k in ("form", "positivity", "tau_max") if meta.get(k) is not None}
 
 
 # -- which base an export belongs to ---------------------------------------------------------------

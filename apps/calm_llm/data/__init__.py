@@ -1,21 +1,40 @@
-"""MCQA and instruction data for the CALM app: unified schema, sources, splits, batches."""
+"""MCQA and instruction data for the CALM app: unified schema, sources, splits, batches.
 
-from .collate import Collator, batch_iterator, budget_batches
-from .schema import Batch, InstructionExample, MCQAExample
-from .sources import INSTRUCTION_SOURCES, MCQA_SOURCES, SOURCES, load_source
-from .splits import Splits, make_splits
+The names below load their submodule on first use, so that `sources` (the source table, which
+`config` reads to validate ``--in-domain``) imports without torch.
+"""
 
-__all__ = [
-    "Batch",
-    "Collator",
-    "INSTRUCTION_SOURCES",
-    "InstructionExample",
-    "MCQAExample",
-    "MCQA_SOURCES",
-    "SOURCES",
-    "Splits",
-    "batch_iterator",
-    "budget_batches",
-    "load_source",
-    "make_splits",
-]
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_WHERE = {
+    "Collator": "collate",
+    "batch_iterator": "collate",
+    "budget_batches": "collate",
+    "Batch": "schema",
+    "InstructionExample": "schema",
+    "MCQAExample": "schema",
+    "INSTRUCTION_SOURCES": "sources",
+    "MCQA_SOURCES": "sources",
+    "SOURCES": "sources",
+    "SourceInfo": "sources",
+    "load_source": "sources",
+    "register_source": "sources",
+    "source_names": "sources",
+    "Splits": "splits",
+    "make_splits": "splits",
+}
+
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _WHERE:
+        return getattr(importlib.import_module(f"{__name__}.{_WHERE[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_WHERE))

@@ -17,8 +17,10 @@ the prefix columns, so every scoring function works on either layout.
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:  # the examples and the source table import this module without torch
+    import torch
 
 
 @dataclass(frozen=True)
@@ -116,6 +118,8 @@ class Batch:
 
     def to(self, device: torch.device | str) -> Batch:
         """A copy with every tensor moved to ``device``."""
+        import torch
+
         moved = {}
         for f in fields(self):
             v = getattr(self, f.name)

