@@ -297,7 +297,7 @@ def _metrics_table(summary: dict[str, Any], ds: str) -> list[str]:
         if d is None:
             continue
 
-        def cell(m: str) -> str:
+        def cell(m: str, d: dict = d) -> str:
             return f"{d['mean'][m]:.3f} ± {d['std'][m]:.3f}" if m in d["mean"] else "–"
 
         ci = d.get("conf_ece_pooled_ci")
