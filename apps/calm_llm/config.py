@@ -15,9 +15,11 @@ import argparse
 import dataclasses
 import hashlib
 import importlib.util
+import itertools
 import json
 import math
 import re
+import sys
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -28,17 +30,6 @@ from .data import sources  # torch-free: the data source table
 
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"
 
-METHODS = (
-    "none",
-    "ts",
-    "sft",
-    "label_smoothing",
-    "rcft",
-    "calm",
-    "calm_iterate",
-    "calm_regularization",
-    "calm_scalar",
-)
 # The built-in names of the source table (data.sources imports without torch, so validation stays
 # instant); validation reads the live table, which includes sources a user registered.
 MCQA_SOURCES = sources.MCQA_SOURCES
@@ -48,9 +39,16 @@ class ConfigError(ValueError):
     """A configuration value that cannot work; the message names the option."""
 
 
-def opt(default: Any, help: str, *, choices: tuple | None = None, flag: str | None = None) -> Any:
-    """A dataclass field carrying its CLI help text, allowed values and (optional) flag name."""
-    meta = {"help": help, "choices": choices, "flag": flag}
+def opt(
+    default: Any, help: str, *, choices: tuple | None = None, flag: str | None = None,
+    names: Any = None,
+) -> Any:
+    """A dataclass field carrying its CLI help text, allowed values and (optional) flag name.
+
+    ``names``: for a list option, a function giving the names its entries may take, read when
+    help is shown (a registry that plugins extend: the help lists what is registered then).
+    """
+    meta = {"help": help, "choices": choices, "flag": flag, "names": names}
     if isinstance(default, list | dict):
         return field(default_factory=lambda d=default: type(d)(d), metadata=meta)
     return field(default=default, metadata=meta)
@@ -248,7 +246,12 @@ class CalmConfig:
 
 @dataclass
 class Config:
-    methods: list[str] = opt(["none", "ts", "sft", "calm"], f"methods to run, from {METHODS}")
+    methods: list[str] = opt(["none", "ts", "sft", "calm"], "methods to run",
+                             names=lambda: _methods().names())
+    plugins: list[str] = opt(
+        [], "modules imported before validation, e.g. to register methods (docs/extending.md); "
+        "kept in config.json, so a resume imports them again"
+    )
     out: str = opt("", "run directory (default: a fresh folder under runs/)")
     resume: str = opt("", "continue the killed run in this directory")
     force_resume: bool = opt(
@@ -330,7 +333,9 @@ class Config:
 
 
 # top-level options that do not change results (`Config.comparable` leaves them out)
-RUN_ONLY = ("out", "resume", "force_resume", "checkpoint_every", "fsdp", "report_to", "zero_shot")
+# (``plugins`` only makes names available: the ``--methods`` that use them are compared)
+RUN_ONLY = ("out", "resume", "force_resume", "checkpoint_every", "fsdp", "report_to", "zero_shot",
+            "plugins")
 # options read only when metrics are computed from predictions: a resume may change them
 EVAL_ONLY = ("n_bins", "n_boot")
 
@@ -357,6 +362,12 @@ def _leaf_fields() -> list[tuple[str | None, dataclasses.Field]]:
 
 def _flag(f: dataclasses.Field) -> str:
     return f.metadata.get("flag") or "--" + f.name.replace("_", "-")
+
+
+def _help(f: dataclasses.Field) -> str:
+    """The option's help text, with the names its entries may take when it has ``names``."""
+    names = f.metadata.get("names")
+    return f.metadata["help"] + (f", from {', '.join(names())}" if names else "")
 
 
 def _type_of(f: dataclasses.Field) -> type:
@@ -391,7 +402,7 @@ def build_parser() -> argparse.ArgumentParser:
         kw: dict[str, Any] = {
             "dest": f"{sec}.{f.name}" if sec else f.name,
             "default": argparse.SUPPRESS,
-            "help": f"{f.metadata['help']} (default: {default!r})",
+            "help": f"{_help(f)} (default: {default!r})",
         }
         if t is not bool and not f.metadata.get("choices"):
             kw["metavar"] = f.name.upper()
@@ -499,6 +510,9 @@ def from_dict(data: dict, base: Config | None = None) -> Config:
 
 def parse_args(argv: list[str] | None = None) -> Config:
     """defaults < --config FILE < CLI flags; then `validate`."""
+    # plugins first: the choices they register (an α parameterization, a source) must exist
+    # when argparse checks the other flags
+    load_plugins(_plugins_in(sys.argv[1:] if argv is None else argv))
     ns = vars(build_parser().parse_args(argv))
     cfg = Config()
     config_file = ns.pop("config", None)
@@ -512,8 +526,32 @@ def parse_args(argv: list[str] | None = None) -> Config:
         else:
             nested[dest] = value
     cfg = from_dict(nested, cfg)
+    load_plugins(cfg.plugins)
     validate(cfg)
     return cfg
+
+
+def _plugins_in(argv: list[str]) -> list[str]:
+    """The module names after ``--plugins`` (or ``--plugins=M``) in a raw argument list."""
+    out: list[str] = []
+    for i, a in enumerate(argv):
+        if a.startswith("--plugins="):
+            out.append(a.split("=", 1)[1])
+        elif a == "--plugins":
+            out += [x for x in itertools.takewhile(lambda x: not x.startswith("-"), argv[i + 1:])]
+    return out
+
+
+def load_plugins(modules: list[str]) -> None:
+    """Import each ``--plugins`` module (once): importing it registers what it defines, e.g.
+    ``methods.register(MethodInfo(...))``. A module that cannot be imported is a ConfigError."""
+    import importlib
+
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except ImportError as e:
+            raise ConfigError(f"--plugins {name}: cannot import it ({e})") from e
 
 
 def _check(ok: bool, msg: str) -> None:
@@ -541,7 +579,38 @@ def data_hub(cfg: Config) -> dict[str, str]:
 
 
 def validate(cfg: Config) -> None:
-    """Raise ConfigError for any value or combination that cannot work. Loads nothing heavy."""
+    """Raise ConfigError for any value or combination that cannot work. Loads nothing heavy.
+
+    Each value alone (`_check_fields`), each section (run, model, data, train), each method's
+    own options (``MethodInfo.validate``), then what only a combination of sections rules out.
+    """
+    _check_fields(cfg)
+    _check_run(cfg)
+    _check_model(cfg.model)
+    _check_data(cfg)
+    _check_train(cfg)
+    for check in dict.fromkeys(i.validate for i in _methods().TABLE.values() if i.validate):
+        check(cfg)
+    select_grid(cfg)  # raises ConfigError for a bad --select
+    _check_combinations(cfg)
+    _check_paths(cfg)  # last: a combination that cannot work is worth saying before a typo'd path
+
+
+def _methods():
+    """The table of methods (imported here: `apps.calm_llm.methods` imports this module)."""
+    from . import methods
+
+    return methods
+
+
+def trained(cfg: Config) -> list[str]:
+    """The methods of ``--methods`` that take optimizer steps."""
+    table = _methods().TABLE
+    return [m for m in cfg.methods if m in table and table[m].trains]
+
+
+def _check_fields(cfg: Config) -> None:
+    """Every option alone: one of its choices, finite, and (but --split-seed) not negative."""
     for sec, f in _leaf_fields():
         obj = getattr(cfg, sec) if sec else cfg
         value = getattr(obj, f.name)
@@ -556,11 +625,15 @@ def validate(cfg: Config) -> None:
         if isinstance(value, int | float) and not isinstance(value, bool) and value < 0 \
                 and not negative_ok:
             raise ConfigError(f"{name}: must be >= 0, got {value}")
+
+
+def _check_run(cfg: Config) -> None:
+    """The run's own options: known methods, seeds, bins, device, optional packages."""
+    known = _methods().names()
     _check(len(cfg.methods) > 0, "--methods: give at least one method")
     for m in cfg.methods:
-        _check(m in METHODS, f"--methods: unknown method {m!r} (known: {list(METHODS)})")
+        _check(m in known, f"--methods: unknown method {m!r} (known: {list(known)})")
     _check(len(set(cfg.methods)) == len(cfg.methods), "--methods: a method is listed twice")
-    m, d, t, c = cfg.model, cfg.data, cfg.train, cfg.calm
     _check(cfg.split_seed >= -1, f"--split-seed: must be >= 0, or -1 to follow --seed, got "
            f"{cfg.split_seed}")
     _check(cfg.n_bins >= 1, f"--n-bins: must be at least 1, got {cfg.n_bins}")
@@ -568,6 +641,12 @@ def validate(cfg: Config) -> None:
     _check(cfg.n_boot != 1, "--n-boot: must be 0 (no intervals) or at least 2, got 1")
     _check(DEVICE.fullmatch(cfg.device) is not None,
            f"--device: {cfg.device!r} is not one of auto, cpu, mps, cuda, cuda:N")
+    if cfg.report_to == "tensorboard":
+        _check(importlib.util.find_spec("tensorboard") is not None,
+               "--report-to tensorboard: needs the tensorboard package (pip install tensorboard)")
+
+
+def _check_model(m: ModelConfig) -> None:
     _check(m.max_length >= 8, "--max-length: must be at least 8")
     _check(m.lora_r >= 1, "--lora-r: must be at least 1")
     _check(m.lora_alpha > 0, "--lora-alpha: must be positive")
@@ -580,6 +659,11 @@ def validate(cfg: Config) -> None:
             f"--quantization {m.quantization}: needs the bitsandbytes package "
             "(pip install bitsandbytes; CUDA only)",
         )
+
+
+def _check_data(cfg: Config) -> None:
+    """Sources are known (or given a file / hub name), split sizes can be drawn."""
+    d = cfg.data
     # the collator letters options A..J
     _check(2 <= d.max_options <= 10, f"--max-options: must be in 2..10, got {d.max_options}")
     _check(len(d.in_domain) > 0, "--in-domain: give at least one source")
@@ -603,68 +687,31 @@ def validate(cfg: Config) -> None:
         )
     _check(d.n_calib >= 2, "--n-calib: need at least 2 calibration questions")
     _check(d.n_test >= 1, "--n-test: need at least 1 test question per in-domain source")
-    trains = [x for x in cfg.methods if x not in ("none", "ts")]
+
+
+def _check_train(cfg: Config) -> None:
+    """The shared training options (each method's own are its ``MethodInfo.validate``)."""
+    t = cfg.train
+    trains = trained(cfg)
     if trains:
         _check(t.steps >= 1, f"--steps: must be >= 1 to train {trains}")
-        _check(d.n_train >= 1, f"--n-train: must be >= 1 to train {trains}")
+        _check(cfg.data.n_train >= 1, f"--n-train: must be >= 1 to train {trains}")
     _check(t.lr > 0, f"--lr: must be positive, got {t.lr}")
     _check(t.batch_size >= 1 and t.eval_batch_size >= 1, "batch sizes must be at least 1")
     _check(t.eval_tokens >= 1, f"--eval-tokens: must be at least 1, got {t.eval_tokens}")
     _check(t.grad_accum >= 1, "--grad-accum: must be at least 1")
     _check(t.warmup_ratio < 1, "--warmup-ratio: must be < 1")
-    _check(t.label_smoothing < 1, "--label-smoothing: must be < 1")
-    _check(t.rcft_weight <= 1, "--rcft-weight: must be in [0, 1]")
-    _check(t.rcft_scale >= 0, "--rcft-scale: must be >= 0")
-    _check(t.rcft_bins >= 2, "--rcft-bins: must be at least 2")
-    _check(c.alpha_lr > 0, f"--alpha-lr: must be positive, got {c.alpha_lr}")
-    _check(c.inner_lr > 0, f"--inner-lr: must be positive, got {c.inner_lr}")
-    _check(c.inner_steps >= 1, "--inner-steps: must be at least 1")
-    _check(c.cg_maxiter >= 1, "--cg-maxiter: must be at least 1")
-    if c.solver == "itd":
-        _check(c.itd_truncate <= c.inner_steps,
-               f"--itd-truncate {c.itd_truncate}: more than the {c.inner_steps} inner steps "
-               "(--inner-steps); use at most that many, or 0 for all")
-    if c.alpha_support == "options":
-        _check(
-            d.mode == "letter",
-            "--alpha-support options needs --mode letter (in cloze mode the answer is scored over "
-            "the vocabulary: --alpha-support answer_tokens or vocab)",
-        )
-    _check(c.alpha_tau_max > 1, f"--alpha-tau-max: must be > 1, got {c.alpha_tau_max}")
-    _check(c.bome_lr > 0, f"--bome-lr: must be positive, got {c.bome_lr}")
-    if c.alpha_acts == "options":
-        _check(c.upper_objective == "options",
-               "--alpha-acts options puts α on the option scores; it needs --upper-objective "
-               "options (answer_tokens reads the vocabulary logits)")
-    if c.upper_loss == "soft_ece":
-        _check(c.upper_objective == "options",
-               "--upper-loss soft_ece is an option-level ECE; it needs --upper-objective options")
-    if cfg.report_to == "tensorboard":
-        _check(importlib.util.find_spec("tensorboard") is not None,
-               "--report-to tensorboard: needs the tensorboard package (pip install tensorboard)")
-    select_grid(cfg)  # raises ConfigError for a bad --select
-    if t.label_smoothing_scope == "options":
-        _check(d.mode == "letter" and not d.instruction_data,
-               "--label-smoothing-scope options needs --mode letter and MCQA training data")
-    if c.upper_objective == "answer_tokens":
-        _check(d.mode == "cloze", "--upper-objective answer_tokens needs --mode cloze")
-    if c.solver in ("itd", "aid"):
-        _check(
-            m.attn_implementation != "sdpa",
-            f"--solver {c.solver} differentiates twice; --attn-implementation sdpa has no double "
-            "backward (use auto or eager)",
-        )
+
+
+def _check_combinations(cfg: Config) -> None:
+    """What no section rules out alone: sharding with quantized weights or second order."""
     if cfg.fsdp:
-        _check(m.quantization == "none",
-               f"--fsdp with --quantization {m.quantization}: quantized base weights cannot be "
-               "sharded; use --fsdp in bf16, or DDP (no --fsdp) with --quantization 4bit")
+        _check(cfg.model.quantization == "none",
+               f"--fsdp with --quantization {cfg.model.quantization}: quantized base weights "
+               "cannot be sharded; use --fsdp in bf16, or DDP (no --fsdp) with --quantization 4bit")
         _check(not needs_second_order(cfg),
-               f"--fsdp with --solver {c.solver}: the second-order solvers run single-process only")
-    if d.instruction_data and "rcft" in cfg.methods:
-        # in any mode: instruction examples have no options, so no option probabilities
-        raise ConfigError("--methods rcft needs MCQA training data (its regularizer uses option "
-                          "probabilities); drop rcft or --instruction-data")
-    _check_paths(cfg)  # last: a combination that cannot work is worth saying before a typo'd path
+               f"--fsdp with --solver {cfg.calm.solver}: the second-order solvers run "
+               "single-process only")
 
 
 DEVICE = re.compile(r"auto|cpu|mps|cuda(:\d+)?")
@@ -696,8 +743,8 @@ def _check_paths(cfg: Config) -> None:
 
 def needs_second_order(cfg: Config) -> bool:
     """True when some method differentiates through gradients (eager attention required)."""
-    calm_like = {"calm", "calm_scalar"}
-    return cfg.calm.solver in ("itd", "aid") and bool(calm_like & set(cfg.methods))
+    table = _methods().TABLE
+    return any(table[m].second_order(cfg) for m in cfg.methods if m in table)
 
 
 def split_seed(cfg: Config) -> int:
@@ -742,7 +789,7 @@ def select_grid(cfg: Config) -> list[dict[str, Any]]:
         _check(len(parsed) >= 2 and len(set(parsed)) == len(parsed),
                f"--select {entry}: give at least two distinct values")
         axes.append([(f"{sec}.{key}", v) for v in parsed])
-    _check(any(m not in ("none", "ts") for m in cfg.methods),
+    _check(bool(trained(cfg)),
            "--select: no trained method in --methods to select for")
     import itertools
 
@@ -778,9 +825,15 @@ def options_markdown() -> str:
             if s != sec:
                 continue
             default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
-            meaning = f.metadata["help"]
+            meaning = _help(f)
             if f.metadata.get("choices"):
                 meaning += f" ({' / '.join(f.metadata['choices'])})"
             rows.append(f"| `{_flag(f)}` | `{default!r}` | {meaning.replace('|', '/')} |")
         blocks.append(f"**{sec or 'run'}**\n\n" + "\n".join(rows))
     return "\n\n".join(blocks) + "\n"
+
+
+def __getattr__(name: str) -> Any:
+    if name == "METHODS":  # every registered method, in order; plugins add to it
+        return _methods().names()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -35,7 +35,8 @@ def export_method(out_dir: str | Path, lm: Any, method: Any) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     lm.model.save_pretrained(out / "adapter")
     write_base_record(out, lm, getattr(getattr(method, "ctx", None), "cfg", None))
-    alpha = getattr(method, "alpha", None)
+    info = getattr(method, "info", None)  # the method table says whether it learns α
+    alpha = method.alpha if info is not None and info.learns_alpha else None
     if alpha is not None:
         c = method.ctx.cfg.calm
         save_file({n: t.detach().cpu().contiguous() for n, t in alpha.params.items()},

@@ -14,7 +14,7 @@ import math
 import os
 import sys
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -36,12 +36,13 @@ from .config import (
     variant_name,
     with_overrides,
 )
-from .data import Collator, budget_batches, load_source, make_splits
+from .data import Collator, load_source, make_splits
 from .data.collate import warn_truncated
 from .data.splits import manifest_changes
 from .history import HistoryWriter, plot_training
 from .io import atomic_write_text, read_json, read_tensors
 from .methods.base import Context, Method
+from .predict import predict_option_logits, probabilities
 
 
 class NonFiniteLoss(RuntimeError):
@@ -170,49 +171,6 @@ def load_data(cfg: Config):
                        n_ood=d.n_ood, seed=split_seed(cfg), instruction_train=instruction)
 
 
-# -- prediction ----------------------------------------------------------------------------------
-@torch.no_grad()
-def predict_option_logits(
-    ctx: Context, method: Method, examples: list, desc: str = ""
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(N, K) option logits after the method's vocabulary transform, and the (N,) labels, in
-    the order of ``examples``.
-
-    Batches follow a token budget (``--eval-tokens``, longest questions first), so long
-    questions do not pad short ones; in cloze mode each question's context is encoded once
-    (``--share-prefix``).
-    """
-    from tqdm.auto import tqdm
-
-    n = len(examples)
-    out: torch.Tensor | None = None
-    labels = torch.empty(n, dtype=torch.long)
-    t = ctx.cfg.train
-    batches = budget_batches(examples, ctx.collator, t.eval_tokens, max_examples=t.eval_batch_size)
-    # no autograd graph: the LoRA tensors require grad, and prediction never differentiates
-    with ctx.lm.mode(False), torch.no_grad(), tqdm(
-        total=n, desc=f"predict {desc}", unit="q", leave=False, disable=not ctx.dist.main,
-        file=sys.stderr,
-    ) as bar:
-        for idx, batch in batches:
-            batch = batch.to(ctx.lm.device)
-            logits, batch = ctx.forward(None, batch)
-            ol = ctx.option_logits(method.vocab_transform(logits), batch).float().cpu()
-            if out is None:
-                out = torch.full((n, ol.shape[1]), float("-inf"))
-            where = torch.tensor(idx, dtype=torch.long)
-            out[where] = ol
-            labels[where] = batch.labels.cpu()
-            bar.update(len(idx))
-    if out is None:
-        raise ValueError(f"predict {desc}: no examples")
-    return out, labels
-
-
-def probabilities(method: Method, option_logits: torch.Tensor) -> torch.Tensor:
-    return torch.softmax(method.option_transform(option_logits), dim=-1)
-
-
 # -- training ------------------------------------------------------------------------------------
 def train_method(
     method: Method, ctx: Context, *, run_dir: Path, config_hash: str, resume: bool
@@ -317,13 +275,13 @@ def calib_metrics(ctx: Context, method: Method, row: str) -> dict[str, float]:
     }
 
 
-def selects(cls: type, grid: list[dict[str, Any]]) -> bool:
-    """Whether a --select grid applies to a method: it trains, and (for calm.* options) it is
-    one of the CALM family, the only methods that read them."""
-    if not cls.trains:
+def selects(info: method_registry.MethodInfo, grid: list[dict[str, Any]]) -> bool:
+    """Whether a --select grid applies to a method: it trains, and (for calm.* options) it
+    reads the calm options (``"calm" in info.sections``)."""
+    if not info.trains:
         return False
     calm_keys = any(k.startswith("calm.") for k in grid[0])
-    return not calm_keys or hasattr(cls, "without_alpha")
+    return not calm_keys or "calm" in info.sections
 
 
 def choose_variant(
@@ -353,53 +311,124 @@ def choose_variant(
     return best
 
 
+# -- the run, stage by stage ---------------------------------------------------------------------
+@dataclass
+class Run:
+    """What the stages of one run share. ``results``/``predictions`` grow as methods finish
+    (keyed by row); ``extra`` is metrics.json's run-level record (hash, zero-shot, selection)."""
+
+    cfg: Config
+    dist: distributed.Dist
+    run_dir: Path
+    config_hash: str
+    results: dict[str, dict[str, Any]] = field(default_factory=dict)
+    predictions: dict[str, dict[str, tuple[torch.Tensor, torch.Tensor]]] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def resume(self) -> bool:
+        return bool(self.cfg.resume)
+
+    def write(self) -> None:
+        """metrics.json, results.md, predictions and reliability PNGs of every row so far."""
+        if self.dist.main:
+            evaluate.write_results(self.run_dir, self.results, self.predictions,
+                                   n_bins=self.cfg.n_bins, extra=self.extra)
+
+
+@dataclass
+class Evaluation:
+    """The model-side state every method is run against: the context, the evaluation sets, the
+    LoRA initialization each method starts from, and the untrained model's option logits
+    (shared by every method that does not train)."""
+
+    ctx: Context
+    eval_sets: list[EvalSet]
+    init_lora: dict[str, torch.Tensor]
+    base_cache: dict[str, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
+
+    def base_logits(self, es: EvalSet, method: Method) -> tuple[torch.Tensor, torch.Tensor]:
+        if es.name not in self.base_cache:
+            self.base_cache[es.name] = predict_option_logits(self.ctx, method, es.examples, es.name)
+        return self.base_cache[es.name]
+
+
 def run(cfg: Config) -> dict[str, Any]:
-    """The whole run; returns ``{"results": ..., "run_dir": ...}``. Writes as it goes."""
+    """The whole run; returns ``{"results": ..., "run_dir": ..., "table": ...}``. Writes as it goes."""
     # an unloadable --model fails now, before a run folder or the data (or a minute of hub retries)
     model_lib.check_model_available(cfg.model)
-    dist = distributed.init(fsdp=cfg.fsdp)
+    state, splits = prepare_run_dir(cfg, distributed.init(fsdp=cfg.fsdp))
+    restore_evaluated(state)  # before the minutes a model takes to load
+    ev = build_context(state, splits)
+    if not state.results and cfg.zero_shot:
+        zero_shot(state, ev)
+    grid = select_grid(cfg)
+    for index, name in enumerate(cfg.methods):
+        info = method_registry.info(name)
+        if grid and selects(info, grid):
+            run_selection(state, ev, info, index, grid)
+        elif name not in state.results:
+            run_method(state, ev, info, name, ev.ctx, index, select=False)
+    ev.ctx.lm.load_inner(ev.init_lora)
+    table = evaluate.render_table(state.results)
+    if state.dist.main:
+        print(table, flush=True)
+    return {"results": state.results, "run_dir": str(state.run_dir), "table": table}
+
+
+def prepare_run_dir(cfg: Config, dist: distributed.Dist) -> tuple[Run, Any]:
+    """Claim the run directory, refuse a resume that would mix results, read the data, and
+    record config.json and splits.json. Returns the run's state and the data splits."""
     run_dir = make_run_dir(cfg, dist)
     dist.barrier()  # every rank has checked the folder before rank 0 writes into it
-    resume = bool(cfg.resume)
-    if resume and not (run_dir / "config.json").is_file():
+    if cfg.resume and not (run_dir / "config.json").is_file():
         raise FileNotFoundError(f"--resume {run_dir}: no config.json there (not a run directory)")
-    config_hash = cfg.hash()
-    if resume:
+    if cfg.resume:
         check_resume_config(cfg, run_dir)
     # the data are read and checked against the run's record before anything is written
     splits = load_data(cfg)
     manifest = splits.manifest()
-    if resume:
+    if cfg.resume:
         check_resume_splits(cfg, run_dir, manifest, dist)
     if dist.main:
         run_dir.mkdir(parents=True, exist_ok=True)
         cfg.save(run_dir)
         atomic_write_text(run_dir / "splits.json", json.dumps(manifest, indent=1))
+    log(f"run directory: {run_dir}", dist)
+    state = Run(cfg, dist, run_dir, cfg.hash())
+    state.extra = {"config_hash": state.config_hash, "zero_shot_accuracy": {}}
+    return state, splits
+
+
+def restore_evaluated(state: Run) -> None:
+    """On resume, keep the rows already evaluated for the methods still asked for (a cut
+    results file is named, not guessed at), re-evaluated if --n-bins/--n-boot changed."""
+    cfg, path = state.cfg, state.run_dir / "metrics.json"
+    if not (state.resume and path.is_file()):
+        return
+    saved_all = read_json(path, RESULTS_FIX)
+    state.extra["zero_shot_accuracy"] = saved_all.get("zero_shot_accuracy", {})
+    if "selection" in saved_all:
+        state.extra["selection"] = saved_all["selection"]
+    saved = saved_all.get("results", {})
+    saved_preds = _load_predictions(state.run_dir / "predictions.safetensors")
+    for m in saved:
+        # rows derived from a method (calm@eta=0.1, calm:no_alpha) are kept with it
+        if base_method(m) in cfg.methods and m in saved_preds:
+            state.results[m], state.predictions[m] = saved[m], saved_preds[m]
+            log(f"[{m}] already evaluated in {state.run_dir}; kept", state.dist)
+    if reevaluate(state.results, state.predictions, n_bins=cfg.n_bins, n_boot=cfg.n_boot) \
+            and state.dist.main:
+        log(f"re-evaluated the kept methods with --n-bins {cfg.n_bins} --n-boot {cfg.n_boot}",
+            state.dist)
+        state.write()
+
+
+def build_context(state: Run, splits: Any) -> Evaluation:
+    """Seed, load the model, build the collators and the methods' `Context`."""
+    cfg, dist, d = state.cfg, state.dist, state.cfg.data
     torch.manual_seed(cfg.seed)
     device = model_lib.resolve_device(distributed.device_for(dist, cfg.device))
-
-    log(f"run directory: {run_dir}", dist)
-    # saved results are read (and a cut file named) before the minutes a model takes to load
-    results: dict[str, dict[str, Any]] = {}
-    predictions: dict[str, dict[str, tuple[torch.Tensor, torch.Tensor]]] = {}
-    metrics_path = run_dir / "metrics.json"
-    extra: dict[str, Any] = {"config_hash": config_hash, "zero_shot_accuracy": {}}
-    if resume and metrics_path.is_file():
-        saved_all = read_json(metrics_path, RESULTS_FIX)
-        extra["zero_shot_accuracy"] = saved_all.get("zero_shot_accuracy", {})
-        if "selection" in saved_all:
-            extra["selection"] = saved_all["selection"]
-        saved = saved_all.get("results", {})
-        saved_preds = _load_predictions(run_dir / "predictions.safetensors")
-        for m in saved:
-            # rows derived from a method (calm@eta=0.1, calm:no_alpha) are kept with it
-            if base_method(m) in cfg.methods and m in saved_preds:
-                results[m], predictions[m] = saved[m], saved_preds[m]
-                log(f"[{m}] already evaluated in {run_dir}; kept", dist)
-        if reevaluate(results, predictions, n_bins=cfg.n_bins, n_boot=cfg.n_boot) and dist.main:
-            log(f"re-evaluated the kept methods with --n-bins {cfg.n_bins} --n-boot {cfg.n_boot}",
-                dist)
-            evaluate.write_results(run_dir, results, predictions, n_bins=cfg.n_bins, extra=extra)
     log(f"loading model {cfg.model.name_or_path!r} on {device}", dist)
     if dist.fsdp:
         log(f"FSDP: base weights sharded over {dist.world} processes" if dist.world > 1
@@ -407,7 +436,6 @@ def run(cfg: Config) -> dict[str, Any]:
             dist)
     lm = model_lib.load(cfg.model, device=device, eager=needs_second_order(cfg), seed=cfg.seed,
                         dist=dist)
-    d = cfg.data
     collator = Collator(lm.tokenizer, mode=d.mode, prompt_style=d.prompt_style,
                         max_length=cfg.model.max_length, max_options=d.max_options,
                         share_prefix=d.share_prefix)
@@ -423,99 +451,87 @@ def run(cfg: Config) -> dict[str, Any]:
         cfg=cfg, lm=lm, collator=collator, train_examples=list(splits.train),
         calib_examples=list(splits.calib), train_collator=train_collator,
         option_token_ids=collator.option_token_ids.to(device) if d.mode == "letter" else None,
-        dist=dist,
+        dist=dist, predictor=predict_option_logits,
     )
     eval_sets = [EvalSet(n, "id", ex) for n, ex in splits.test.items()]
     eval_sets += [EvalSet(n, "ood", ex) for n, ex in splits.ood.items()]
-    init_lora = lm.inner_state()
+    return Evaluation(ctx, eval_sets, lm.inner_state())
 
 
-    base_cache: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+def zero_shot(state: Run, ev: Evaluation) -> None:
+    """Show that the model is above chance before training (recorded in metrics.json)."""
+    probe = method_registry.get("none")(ev.ctx)
+    for es in ev.eval_sets:
+        ol, y = ev.base_logits(es, probe)
+        acc = float((ol.argmax(-1) == y).float().mean())
+        state.extra["zero_shot_accuracy"][es.name] = acc
+        chance = float((1.0 / torch.isfinite(ol).sum(-1).float()).mean())
+        log(f"zero-shot accuracy on {es.name} ({es.domain}, n={len(y)}): {acc:.3f} "
+            f"(chance {chance:.3f})", state.dist)
 
-    def base_logits(es: EvalSet, method: Method) -> tuple[torch.Tensor, torch.Tensor]:
-        if es.name not in base_cache:
-            base_cache[es.name] = predict_option_logits(ctx, method, es.examples, es.name)
-        return base_cache[es.name]
 
-    if not results and cfg.zero_shot:  # show that the model is above chance before training
-        probe = method_registry.get("none")(ctx)
-        for es in eval_sets:
-            ol, y = base_logits(es, probe)
-            acc = float((ol.argmax(-1) == y).float().mean())
-            extra["zero_shot_accuracy"][es.name] = acc
-            chance = float((1.0 / torch.isfinite(ol).sum(-1).float()).mean())
-            log(f"zero-shot accuracy on {es.name} ({es.domain}, n={len(y)}): {acc:.3f} "
-                f"(chance {chance:.3f})", dist)
+def run_selection(state: Run, ev: Evaluation, info: method_registry.MethodInfo, index: int,
+                  grid: list[dict[str, Any]]) -> None:
+    """``--select``: run every grid point of one method as its own row, then choose."""
+    name, cfg = info.name, state.cfg
+    rows = [variant_name(name, point) for point in grid]
+    for row, point in zip(rows, grid):
+        if row not in state.results:
+            run_method(state, ev, info, row, replace(ev.ctx, cfg=with_overrides(cfg, point)),
+                       index, select=True)
+    choose_variant(name, rows, grid, state.results, state.predictions, state.extra)
+    state.write()
+    log(f"[{name}] --select chose {state.extra['selection'][name]['chosen']} by "
+        "calibration-split NLL", state.dist)
 
-    def evaluate_method(method: Method, row: str, mctx: Context) -> None:
-        """Predict every evaluation set with `method` as row ``row`` (and, for a trained CALM
-        variant, again without α as ``row:no_alpha``); write the results at once."""
-        passes = [(row, contextlib.nullcontext())]
-        if (method.trains and hasattr(method, "without_alpha") and cfg.calm.eval_without_alpha
-                and method.alpha_in_use):
-            passes.append((f"{row}:no_alpha", method.without_alpha()))
-        for name, scope in passes:
-            preds, res = {}, {}
-            with scope:
-                for es in eval_sets:
-                    if not method.trains:
-                        ol, y = base_logits(es, method)
-                    else:
-                        ol, y = predict_option_logits(mctx, method, es.examples, f"{name} {es.name}")
-                    probs = probabilities(method, ol)
-                    preds[es.name] = (probs, y.clone())  # cached labels are shared between methods
-                    res[es.name] = {
-                        **evaluate.dataset_metrics(probs, y, domain=es.domain, n_bins=cfg.n_bins,
-                                                   n_boot=cfg.n_boot),
-                        **method.extras,
-                    }
-            results[name], predictions[name] = res, preds
-        if dist.main:
-            evaluate.write_results(run_dir, results, predictions, n_bins=cfg.n_bins, extra=extra)
 
-    def run_method(base: str, row: str, mctx: Context, index: int, *, select: bool) -> None:
-        """Train (resumably), fit, predict, write and export one method as row ``row``."""
-        lm.load_inner(init_lora)
-        # the same seed for every --select variant of a method: they differ only by the setting
-        torch.manual_seed(cfg.seed + 1000 * (index + 1))
-        method = method_registry.get(base)(mctx)
-        method.name = row  # checkpoints/, history_<row>.jsonl, export/<row>
-        method.predict = lambda ex, _m=method: predict_option_logits(mctx, _m, ex)  # RCFT's E-step
-        t0 = time.time()
-        if method.trains:
-            method.history = train_method(method, mctx, run_dir=run_dir, config_hash=config_hash,
-                                          resume=resume)
-        method.after_training(lambda ex, _m=method: predict_option_logits(mctx, _m, ex))
-        # every rank took the same steps; a drift here would make rank 0's results not the run's
-        dist.check_identical({**lm.inner(), **method.outer_params()}, f"[{row}] after training")
-        if select or cfg.eval_calib:  # the only numbers a choice of settings may read
-            method.extras.update(calib_metrics(mctx, method, row))
-        evaluate_method(method, row, mctx)
-        if dist.main and method.trains:
-            export.export_method(run_dir / "export" / row, lm, method)
-        res = results[row]
-        accs = ", ".join(f"{ds} acc {r['accuracy']:.3f} ece {r['conf_ece']:.3f}" for ds, r in res.items())
-        log(f"[{row}] done in {time.time() - t0:.0f}s: {accs}", dist)
-        dist.barrier()
+def run_method(state: Run, ev: Evaluation, info: method_registry.MethodInfo, row: str,
+               ctx: Context, index: int, *, select: bool) -> None:
+    """Train (resumably), fit, predict, write and export one method as row ``row``."""
+    ctx.lm.load_inner(ev.init_lora)
+    # the same seed for every --select variant of a method: they differ only by the setting
+    torch.manual_seed(state.cfg.seed + 1000 * (index + 1))
+    method = info.load()(ctx, name=row)  # the row names checkpoints/, history_<row>, export/<row>
+    t0 = time.time()
+    if info.trains:
+        train_method(method, ctx, run_dir=state.run_dir, config_hash=state.config_hash,
+                     resume=state.resume)
+    method.after_training(method.predict)
+    # every rank took the same steps; a drift here would make rank 0's results not the run's
+    state.dist.check_identical({**ctx.lm.inner(), **method.outer_params()}, f"[{row}] after training")
+    if select or state.cfg.eval_calib:  # the only numbers a choice of settings may read
+        method.extras.update(calib_metrics(ctx, method, row))
+    evaluate_method(state, ev, info, method, row, ctx)
+    if state.dist.main and info.trains:
+        export.export_method(state.run_dir / "export" / row, ctx.lm, method)
+    accs = ", ".join(f"{ds} acc {r['accuracy']:.3f} ece {r['conf_ece']:.3f}"
+                     for ds, r in state.results[row].items())
+    log(f"[{row}] done in {time.time() - t0:.0f}s: {accs}", state.dist)
+    state.dist.barrier()
 
-    grid = select_grid(cfg)
-    for index, name in enumerate(cfg.methods):
-        if not (grid and selects(method_registry.get(name), grid)):
-            if name not in results:
-                run_method(name, name, ctx, index, select=False)
-            continue
-        rows = [variant_name(name, point) for point in grid]
-        for row, point in zip(rows, grid):
-            if row not in results:
-                run_method(name, row, replace(ctx, cfg=with_overrides(cfg, point)), index,
-                           select=True)
-        choose_variant(name, rows, grid, results, predictions, extra)
-        if dist.main:
-            evaluate.write_results(run_dir, results, predictions, n_bins=cfg.n_bins, extra=extra)
-        log(f"[{name}] --select chose {extra['selection'][name]['chosen']} by calibration-split "
-            f"NLL", dist)
-    lm.load_inner(init_lora)
-    table = evaluate.render_table(results)
-    if dist.main:
-        print(table, flush=True)
-    return {"results": results, "run_dir": str(run_dir), "table": table}
+
+def evaluate_method(state: Run, ev: Evaluation, info: method_registry.MethodInfo, method: Method,
+                    row: str, ctx: Context) -> None:
+    """Predict every evaluation set with `method` as row ``row`` (and, for a trained method
+    that learns α, again without α as ``row:no_alpha``); write the results at once."""
+    cfg = state.cfg
+    passes = [(row, contextlib.nullcontext())]
+    if info.trains and info.learns_alpha and cfg.calm.eval_without_alpha and method.alpha_in_use:
+        passes.append((f"{row}:no_alpha", method.without_alpha()))
+    for name, scope in passes:
+        preds, res = {}, {}
+        with scope:
+            for es in ev.eval_sets:
+                if not info.trains:
+                    ol, y = ev.base_logits(es, method)
+                else:
+                    ol, y = predict_option_logits(ctx, method, es.examples, f"{name} {es.name}")
+                probs = probabilities(method, ol)
+                preds[es.name] = (probs, y.clone())  # cached labels are shared between methods
+                res[es.name] = {
+                    **evaluate.dataset_metrics(probs, y, domain=es.domain, n_bins=cfg.n_bins,
+                                               n_boot=cfg.n_boot),
+                    **method.extras,
+                }
+        state.results[name], state.predictions[name] = res, preds
+    state.write()

@@ -174,6 +174,29 @@ def _shuffled(xs: Sequence[Any], seed: int, salt: str) -> list[Any]:
     return out
 
 
+def _check_split_inputs(
+    in_domain: dict[str, list[MCQAExample]],
+    out_of_domain: dict[str, list[MCQAExample]],
+    instruction_train: list[InstructionExample] | None,
+    counts: dict[str, int],
+) -> None:
+    """Counts >= 0, at least one in-domain set, no set on both sides, no id twice."""
+    for k, v in counts.items():
+        if v < 0:
+            raise ValueError(f"{k} must be >= 0, got {v}")
+    if not in_domain:
+        raise ValueError("make_splits needs at least one in-domain set")
+    both = set(in_domain) & set(out_of_domain)
+    if both:
+        raise ValueError(f"sets both in-domain and out-of-domain: {sorted(both)}")
+    all_ids: set[str] = set()
+    for name, exs in [*in_domain.items(), *out_of_domain.items(), ("instructions", instruction_train or [])]:
+        for e in exs:
+            if e.id in all_ids:
+                raise ValueError(f"duplicate example id {e.id!r} (seen again in {name!r})")
+            all_ids.add(e.id)
+
+
 def make_splits(
     in_domain: dict[str, list[MCQAExample]],
     out_of_domain: dict[str, list[MCQAExample]],
@@ -191,21 +214,8 @@ def make_splits(
     change another set's draws. Raises ValueError when a set is too small for the request,
     when a set is both in- and out-of-domain, or when two examples share an id.
     """
-    for k, v in {"n_train": n_train, "n_calib": n_calib, "n_test": n_test, "n_ood": n_ood}.items():
-        if v < 0:
-            raise ValueError(f"{k} must be >= 0, got {v}")
-    if not in_domain:
-        raise ValueError("make_splits needs at least one in-domain set")
-    both = set(in_domain) & set(out_of_domain)
-    if both:
-        raise ValueError(f"sets both in-domain and out-of-domain: {sorted(both)}")
-    all_ids: set[str] = set()
-    for name, exs in [*in_domain.items(), *out_of_domain.items(), ("instructions", instruction_train or [])]:
-        for e in exs:
-            if e.id in all_ids:
-                raise ValueError(f"duplicate example id {e.id!r} (seen again in {name!r})")
-            all_ids.add(e.id)
-
+    counts = {"n_train": n_train, "n_calib": n_calib, "n_test": n_test, "n_ood": n_ood}
+    _check_split_inputs(in_domain, out_of_domain, instruction_train, counts)
     in_domain, overlap = _remove_overlap(in_domain, out_of_domain)
     if overlap:
         warnings.warn(
@@ -245,6 +255,5 @@ def make_splits(
     calib = _shuffled(calib, seed, "calib-order")
 
     ood = {name: _shuffled(exs, seed, f"ood:{name}")[:n_ood] for name, exs in out_of_domain.items()}
-    counts = {"n_train": n_train, "n_calib": n_calib, "n_test": n_test, "n_ood": n_ood}
     return Splits(train=train, calib=calib, test=test, ood=ood, seed=seed, counts=counts,
                   overlap=overlap)

@@ -20,6 +20,8 @@ from ..config import Config, calib_batch_size
 from ..data import Batch, Collator, batch_iterator
 from ..distributed import Dist
 from ..model import CausalLM
+from ..predict import predict_option_logits
+from .spec import MethodInfo
 
 
 class Stream:
@@ -69,6 +71,8 @@ class Context:
         train_collator: collator for the training examples (instruction data has its own mode).
         option_token_ids: (K,) option-letter ids (letter mode) or None.
         dist: process-group helper (world size 1 without accelerate/torchrun).
+        predictor: ``predictor(ctx, method, examples) -> (option_logits, labels)``, what
+            ``Method.predict`` calls (the runner passes the one it evaluates with).
     """
 
     cfg: Config
@@ -79,6 +83,7 @@ class Context:
     train_collator: Any
     option_token_ids: torch.Tensor | None
     dist: Dist = field(default_factory=Dist)
+    predictor: Callable[..., tuple[torch.Tensor, torch.Tensor]] = predict_option_logits
 
     @property
     def letter(self) -> bool:
@@ -195,17 +200,28 @@ def make_optimizer(kind: str, params: list[torch.Tensor], lr: float, weight_deca
 class Method:
     """Base class: an untrained predictor (the model as given). Subclasses override what they change.
 
-    Life cycle (driven by ``apps.calm_llm.train``): ``__init__(ctx)`` → ``step(k)`` for k in
-    [start, steps) (only when ``trains``) → ``after_training(predict)`` → predictions through
-    ``vocab_transform`` and ``option_transform``. ``tensors()``/``meta()`` and ``load(...)``
-    hold everything but the LoRA weights for checkpoints (the runner saves those).
+    Life cycle (driven by ``apps.calm_llm.train``): ``__init__(ctx, name=row)`` → ``step(k)``
+    for k in [start, steps) (only when ``trains``) → ``after_training(self.predict)`` →
+    predictions through ``vocab_transform`` and ``option_transform``. ``tensors()``/``meta()``
+    and ``load(...)`` hold everything but the LoRA weights for checkpoints (the runner saves
+    those). A subclass sets ``info`` (its `spec.MethodInfo`); ``name`` and ``trains`` follow.
     """
 
+    info: MethodInfo | None = None
     name = "none"
     trains = False
 
-    def __init__(self, ctx: Context) -> None:
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "info" in cls.__dict__ and cls.info is not None:  # the table is the one source
+            cls.name, cls.trains = cls.info.name, cls.info.trains
+
+    def __init__(self, ctx: Context, *, name: str | None = None) -> None:
+        """``name``: the results row (``calm@eta=0.1`` for a --select variant; default the
+        method's name): it names the checkpoints, history and export folders."""
         self.ctx = ctx
+        if name is not None:
+            self.name = name
         self.optimizers: dict[str, torch.optim.Optimizer] = {}
         self.schedulers: dict[str, torch.optim.lr_scheduler.LambdaLR] = {}
         self.streams: dict[str, Stream] = {}
@@ -215,8 +231,33 @@ class Method:
     def step(self, k: int) -> dict[str, float]:
         raise NotImplementedError(f"{self.name} does not train")
 
+    def accumulate(self, micro_step: Callable[[], dict[str, Any]]) -> dict[str, float]:
+        """Run ``micro_step()`` once per micro-batch (``--grad-accum`` times) and return the mean
+        of what it reports.
+
+        ``micro_step`` returns a dict of scalars; its ``"objective"`` entry (a tensor), when
+        present, is back-propagated scaled by 1/grad_accum (the gradients add up to the mean
+        over micro-batches) and left out of the report. Other entries (tensors or floats) are
+        averaged over the micro-batches.
+        """
+        accum = self.ctx.cfg.train.grad_accum
+        reports: list[dict[str, float]] = []
+        for _ in range(accum):
+            out = dict(micro_step())
+            objective = out.pop("objective", None)
+            if objective is not None:
+                (objective / accum).backward()
+            reports.append({k: float(v.detach()) if isinstance(v, torch.Tensor) else float(v)
+                            for k, v in out.items()})
+        return {k: sum(r[k] for r in reports) / accum for k in reports[0]}
+
     def after_training(self, predict: Callable[[list], tuple[torch.Tensor, torch.Tensor]]) -> None:
         """Hook after the last step; ``predict(examples) -> (option_logits, labels)``."""
+
+    def predict(self, examples: list) -> tuple[torch.Tensor, torch.Tensor]:
+        """(N, K) option logits of `examples` under this method's vocabulary transform, and the
+        (N,) labels (what the runner evaluates; RCFT's E-step reads it on the training set)."""
+        return self.ctx.predictor(self.ctx, self, examples)
 
     # -- prediction -------------------------------------------------------------------------
     def vocab_transform(self, logits: torch.Tensor) -> torch.Tensor:

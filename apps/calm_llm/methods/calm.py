@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Iterator
+from typing import Any
 
 import torch
 
@@ -28,6 +29,7 @@ import bilevel
 from calibration import objectives
 
 from .. import scoring
+from . import spec
 from .alpha_wiring import Alpha, answer_token_ids, make_alpha
 from .base import Context, Method, finite_option_logits, gold_only, lr_lambda
 
@@ -113,12 +115,11 @@ def make_solver(ctx: Context):
 class Calm(Method):
     """The bilevel method (BOME over (α, LoRA) by default)."""
 
-    name = "calm"
-    trains = True
+    info = spec.info("calm")
     alpha_param: str | None = None  # None = from the config; calm_scalar fixes "temperature"
 
-    def __init__(self, ctx: Context) -> None:
-        super().__init__(ctx)
+    def __init__(self, ctx: Context, *, name: str | None = None) -> None:
+        super().__init__(ctx, name=name)
         c = ctx.cfg.calm
         support_ids = None
         if c.alpha_support == "answer_tokens" and c.alpha_acts != "options":
@@ -219,8 +220,8 @@ class Calm(Method):
     def step(self, k: int) -> dict[str, float]:
         params = self.ctx.lm.inner()
         accum = self.ctx.cfg.train.grad_accum
-        infos: list[dict[str, float]] = []
-        for _ in range(accum):
+
+        def micro_step() -> dict[str, Any]:
             lower_batch = self.streams["train"].next()
             upper_batch = self.streams["calib"].next()
             # the solver works on its own copies; it only reads these values
@@ -228,10 +229,12 @@ class Calm(Method):
             outer = {n: a.detach() for n, a in self.alpha.params.items()}
             res = self.solver.step(self.problem, outer, inner,
                                    upper_batch=upper_batch, lower_batch=lower_batch)
+            # the solver's directions, not a loss, are what θ and α follow
             _accumulate(params, res.inner_grad, 1.0 / accum)
             _accumulate(self.alpha.params, res.outer_grad, 1.0 / accum)
-            infos.append(res.info)
-        info = {key: sum(i[key] for i in infos) / len(infos) for key in infos[0]}
+            return res.info
+
+        info = self.accumulate(micro_step)
         info["loss"] = info.get("lower_loss", info.get("lower", math.nan))
         self.apply_step()
         return self.record(info)
@@ -240,62 +243,60 @@ class Calm(Method):
 class CalmScalar(Calm):
     """Ablation: α collapsed to one learned temperature."""
 
-    name = "calm_scalar"
+    info = spec.info("calm_scalar")
     alpha_param = "temperature"
 
 
 class CalmIterate(Calm):
     """Ablation: alternate an α step on f (θ fixed) and a θ step on g (α fixed); no coupling."""
 
-    name = "calm_iterate"
+    info = spec.info("calm_iterate")
 
     def setup(self) -> None:
         pass
 
     def step(self, k: int) -> dict[str, float]:
         params = self.ctx.lm.inner()
-        accum = self.ctx.cfg.train.grad_accum
-        fs, gs = [], []
-        for _ in range(accum):  # α step on the upper objective
+
+        def alpha_micro_step() -> dict[str, torch.Tensor]:  # α on the upper objective, θ fixed
             f = self.obj.upper(self.alpha.params, {n: p.detach() for n, p in params.items()},
                                self.streams["calib"].next())
-            (f / accum).backward()
-            fs.append(float(f.detach()))
+            return {"objective": f, "upper_loss": f}
+
+        upper = self.accumulate(alpha_micro_step)
         self.optimizers["alpha"].step()
         self.optimizers["alpha"].zero_grad(set_to_none=True)
         outer = {n: a.detach() for n, a in self.alpha.params.items()}
-        for _ in range(accum):  # θ step on the lower objective at the new α
+
+        def theta_micro_step() -> dict[str, torch.Tensor]:  # θ on the lower objective at the new α
             g = self.obj.lower(outer, params, self.streams["train"].next())
-            (g / accum).backward()
-            gs.append(float(g.detach()))
+            return {"objective": g, "lower_loss": g}
+
+        lower = self.accumulate(theta_micro_step)
         self.apply_step()
-        return self.record(
-            {"loss": sum(gs) / accum, "lower_loss": sum(gs) / accum, "upper_loss": sum(fs) / accum}
-        )
+        return self.record({"loss": lower["lower_loss"], **lower, **upper})
 
 
 class CalmRegularization(Calm):
     """Ablation: min over (α, θ) of g(α, θ) − γ·entropy = g + γ·f jointly, no bilevel constraint."""
 
-    name = "calm_regularization"
+    info = spec.info("calm_regularization")
 
     def setup(self) -> None:
         pass
 
     def step(self, k: int) -> dict[str, float]:
         params = self.ctx.lm.inner()
-        accum = self.ctx.cfg.train.grad_accum
         gamma = self.ctx.cfg.calm.gamma
-        fs, gs = [], []
-        for _ in range(accum):
+
+        def micro_step() -> dict[str, torch.Tensor]:
             g = self.obj.lower(self.alpha.params, params, self.streams["train"].next())
             f = self.obj.upper(self.alpha.params, params, self.streams["calib"].next())
-            ((g + gamma * f) / accum).backward()
-            gs.append(float(g.detach()))
-            fs.append(float(f.detach()))
+            return {"objective": g + gamma * f, "lower_loss": g, "upper_loss": f}
+
+        info = self.accumulate(micro_step)
         self.apply_step()
-        g_mean, f_mean = sum(gs) / accum, sum(fs) / accum
-        return self.record({"loss": g_mean + gamma * f_mean, "lower_loss": g_mean, "upper_loss": f_mean})
+        return self.record({"loss": info["lower_loss"] + gamma * info["upper_loss"], **info})
 
 
 @torch.no_grad()

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
+from . import spec
 from .base import Method
 
 
 class NoTraining(Method):
     """The untouched model; every other method is compared with it."""
 
-    name = "none"
-    trains = False
+    info = spec.info("none")

@@ -13,32 +13,28 @@ options and the SFT term keeps only the gold continuation's targets.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 
 from calibration import objectives
 
 from .. import scoring
+from . import spec
 from .base import Context, Method, gold_only, present_columns
 
 
 class RCFT(Method):
-    name = "rcft"
-    trains = True
+    info = spec.info("rcft")
 
-    def __init__(self, ctx: Context) -> None:
-        super().__init__(ctx)
+    def __init__(self, ctx: Context, *, name: str | None = None) -> None:
+        super().__init__(ctx, name=name)
         if ctx.instruction:
             raise ValueError("rcft needs MCQA training data (its regularizer uses option probabilities)")
         self.theta_optimizer()
         self.streams = {"train": ctx.stream("train", options="all")}
         self.bin_accuracy: torch.Tensor | None = None
-        self.predict: Callable | None = None
 
     def e_step(self) -> None:
-        if self.predict is None:
-            raise RuntimeError("rcft: the runner must set .predict before training")
+        """acc_k of each confidence bin, from this method's predictions on the training set."""
         option_logits, labels = self.predict(self.ctx.train_examples)
         probs = torch.softmax(present_columns(option_logits), -1)
         self.bin_accuracy = objectives.estimate_bin_accuracy(
@@ -51,8 +47,8 @@ class RCFT(Method):
         if self.bin_accuracy is None or (every and k % every == 0):
             self.e_step()
         params = self.ctx.lm.inner()
-        total = 0.0
-        for _ in range(t.grad_accum):
+
+        def micro_step() -> dict[str, torch.Tensor]:
             logits, batch = self.ctx.forward(params, self.streams["train"].next())
             sft = scoring.lm_loss(logits, batch if self.ctx.letter else gold_only(batch))
             probs = torch.softmax(present_columns(self.ctx.option_logits(logits, batch)), -1)
@@ -60,10 +56,11 @@ class RCFT(Method):
                 probs, self.bin_accuracy, n_bins=t.rcft_bins, include_top_bin=t.rcft_include_top_bin
             )
             loss = (1 - t.rcft_weight) * sft + t.rcft_weight * t.rcft_scale * reg
-            (loss / t.grad_accum).backward()
-            total += float(loss.detach()) / t.grad_accum
+            return {"objective": loss, "loss": loss}
+
+        info = self.accumulate(micro_step)
         self.apply_step()
-        return {"loss": total}
+        return info
 
     def tensors(self) -> dict[str, torch.Tensor]:
         return {} if self.bin_accuracy is None else {"bin_accuracy": self.bin_accuracy}

@@ -11,15 +11,15 @@ import torch
 
 from .. import scoring
 from ..data import Batch
+from . import spec
 from .base import Context, Method
 
 
 class SFT(Method):
-    name = "sft"
-    trains = True
+    info = spec.info("sft")
 
-    def __init__(self, ctx: Context) -> None:
-        super().__init__(ctx)
+    def __init__(self, ctx: Context, *, name: str | None = None) -> None:
+        super().__init__(ctx, name=name)
         self.theta_optimizer()
         self.streams = {"train": ctx.stream("train")}
 
@@ -31,19 +31,18 @@ class SFT(Method):
 
     def step(self, k: int) -> dict[str, float]:
         params = self.ctx.lm.inner()
-        accum = self.ctx.cfg.train.grad_accum
-        total = 0.0
-        for _ in range(accum):
-            logits, batch = self.ctx.forward(params, self.streams["train"].next())
-            loss = self.loss(logits, batch)
-            (loss / accum).backward()
-            total += float(loss.detach()) / accum
+
+        def micro_step() -> dict[str, torch.Tensor]:
+            loss = self.loss(*self.ctx.forward(params, self.streams["train"].next()))
+            return {"objective": loss, "loss": loss}
+
+        info = self.accumulate(micro_step)
         self.apply_step()
-        return {"loss": total}
+        return info
 
 
 class LabelSmoothing(SFT):
-    name = "label_smoothing"
+    info = spec.info("label_smoothing")
 
     def smoothing(self) -> float:
         return self.ctx.cfg.train.label_smoothing

@@ -14,12 +14,12 @@ import torch
 
 from calibration import posthoc
 
+from . import spec
 from .base import Method, present_columns
 
 
 class TemperatureScaling(Method):
-    name = "ts"
-    trains = False
+    info = spec.info("ts")
 
     def after_training(self, predict: Callable[[list], tuple[torch.Tensor, torch.Tensor]]) -> None:
         option_logits, labels = predict(self.ctx.calib_examples)

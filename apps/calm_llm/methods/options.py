@@ -1,0 +1,85 @@
+"""Each method family's checks of its own options: ``validate(cfg)`` raising `ConfigError`.
+
+Torch-free (validation runs before anything heavy loads). `spec.MethodInfo.validate` points
+here; `config.validate` runs every registered method's check on every configuration, so a bad
+value is named even when its method is not in ``--methods`` (a preset stays valid as a whole).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..config import ConfigError
+from .spec import SECOND_ORDER_SOLVERS
+
+
+def _check(ok: bool, msg: str) -> None:
+    if not ok:
+        raise ConfigError(msg)
+
+
+def validate_label_smoothing(cfg: Any) -> None:
+    """``--label-smoothing`` ε < 1; ``--label-smoothing-scope options`` smooths over option
+    letters, so it needs letter-scored MCQA training data."""
+    t, d = cfg.train, cfg.data
+    _check(t.label_smoothing < 1, "--label-smoothing: must be < 1")
+    if t.label_smoothing_scope == "options":
+        _check(d.mode == "letter" and not d.instruction_data,
+               "--label-smoothing-scope options needs --mode letter and MCQA training data")
+
+
+def validate_rcft(cfg: Any) -> None:
+    """The RCFT weight, scale and bins; its regularizer reads option probabilities, so it
+    cannot train on instruction data."""
+    t = cfg.train
+    _check(t.rcft_weight <= 1, "--rcft-weight: must be in [0, 1]")
+    _check(t.rcft_scale >= 0, "--rcft-scale: must be >= 0")
+    _check(t.rcft_bins >= 2, "--rcft-bins: must be at least 2")
+    if cfg.data.instruction_data and "rcft" in cfg.methods:
+        # in any mode: instruction examples have no options, so no option probabilities
+        raise ConfigError("--methods rcft needs MCQA training data (its regularizer uses option "
+                          "probabilities); drop rcft or --instruction-data")
+
+
+def validate_calm(cfg: Any) -> None:
+    """The ``calm.*`` options: step sizes, solver settings, and where α acts against what the
+    upper objective reads."""
+    c, d = cfg.calm, cfg.data
+    _check(c.alpha_lr > 0, f"--alpha-lr: must be positive, got {c.alpha_lr}")
+    _check(c.inner_lr > 0, f"--inner-lr: must be positive, got {c.inner_lr}")
+    _check(c.inner_steps >= 1, "--inner-steps: must be at least 1")
+    _check(c.cg_maxiter >= 1, "--cg-maxiter: must be at least 1")
+    if c.solver == "itd":
+        _check(c.itd_truncate <= c.inner_steps,
+               f"--itd-truncate {c.itd_truncate}: more than the {c.inner_steps} inner steps "
+               "(--inner-steps); use at most that many, or 0 for all")
+    if c.alpha_support == "options":
+        _check(
+            d.mode == "letter",
+            "--alpha-support options needs --mode letter (in cloze mode the answer is scored over "
+            "the vocabulary: --alpha-support answer_tokens or vocab)",
+        )
+    _check(c.alpha_tau_max > 1, f"--alpha-tau-max: must be > 1, got {c.alpha_tau_max}")
+    _check(c.bome_lr > 0, f"--bome-lr: must be positive, got {c.bome_lr}")
+    _validate_calm_objective(cfg)
+
+
+def _validate_calm_objective(cfg: Any) -> None:
+    """What the upper objective reads must be what α acts on and what the scoring mode gives;
+    the second-order solvers need an attention kernel with a double backward."""
+    c = cfg.calm
+    if c.alpha_acts == "options":
+        _check(c.upper_objective == "options",
+               "--alpha-acts options puts α on the option scores; it needs --upper-objective "
+               "options (answer_tokens reads the vocabulary logits)")
+    if c.upper_loss == "soft_ece":
+        _check(c.upper_objective == "options",
+               "--upper-loss soft_ece is an option-level ECE; it needs --upper-objective options")
+    if c.upper_objective == "answer_tokens":
+        _check(cfg.data.mode == "cloze", "--upper-objective answer_tokens needs --mode cloze")
+    if c.solver in SECOND_ORDER_SOLVERS:
+        _check(
+            cfg.model.attn_implementation != "sdpa",
+            f"--solver {c.solver} differentiates twice; --attn-implementation sdpa has no double "
+            "backward (use auto or eager)",
+        )
