@@ -238,6 +238,34 @@ def paired_difference(probs_a: list[np.ndarray], probs_b: list[np.ndarray], labe
     return out
 
 
+DYNAMICS_MEAN = ("lambda", "cos", "cos_outer", "cos_inner", "calib_entropy")
+DYNAMICS_LAST = ("alpha_tau_min", "alpha_tau_max", "alpha_l_min", "alpha_l_max", "alpha_moved")
+
+
+def dynamics(history: Path) -> dict[str, float]:
+    """Over one trained row's steps: the mean of λ, the cosines and the calibration entropy, and
+    α's range after the last step (keys a method does not record are left out)."""
+    steps = [json.loads(line) for line in history.read_text().splitlines() if line.strip()]
+    out = {f"mean_{k}": float(np.mean([h[k] for h in steps])) for k in DYNAMICS_MEAN
+           if steps and all(k in h for h in steps)}
+    out.update({f"last_{k}": float(steps[-1][k]) for k in DYNAMICS_LAST if steps and k in steps[-1]})
+    return out
+
+
+def _dynamics_table(summary: dict[str, Any]) -> list[str]:
+    present = {k for e in summary["rows"].values() for k in e.get("dynamics", {})}
+    keys = [k for k in (*(f"mean_{x}" for x in DYNAMICS_MEAN), *(f"last_{x}" for x in DYNAMICS_LAST))
+            if k in present]
+    if not keys:
+        return []
+    lines = ["| variant / row | " + " | ".join(keys) + " |", "|---|" + "---|" * len(keys)]
+    for key, e in summary["rows"].items():
+        d = e.get("dynamics")
+        if d:
+            lines.append(f"| {key} | " + " | ".join(f"{d[k]:.3g}" if k in d else "–" for k in keys) + " |")
+    return lines
+
+
 def summarize(study: Study, root: Path, *, n_boot: int = 1000) -> dict[str, Any]:
     """Collect finished cells into ``study.json`` and ``study.md`` under ``root``."""
     rows: dict[str, dict[str, Any]] = {}
@@ -252,10 +280,16 @@ def summarize(study: Study, root: Path, *, n_boot: int = 1000) -> dict[str, Any]
             entry = rows.setdefault(key, {"variant": c.variant.name, "row": row, "seeds": [],
                                           "datasets": {}})
             entry["seeds"].append(c.seed)
+            history = run_dir / f"history_{row}.jsonl"
+            if history.is_file():  # averaged over seeds below
+                entry.setdefault("_dynamics", []).append(dynamics(history))
             for ds, r in per_ds.items():
                 d = entry["datasets"].setdefault(ds, {"domain": r["domain"], "values": {},
                                                       "_probs": [], "_labels": None})
-                for m in (*METRICS, *CALIB):
+                base = results.get(row.split(":", 1)[0], {}).get(ds, {})
+                # runs before the fix copied the α row's calibration numbers into :no_alpha
+                copied = row.endswith(":no_alpha") and r.get("calib_nll") == base.get("calib_nll")
+                for m in (*METRICS, *(() if copied else CALIB)):
                     if m in r:
                         d["values"].setdefault(m, []).append(float(r[m]))
                 p = preds.get(f"{row}/{ds}/probs")  # (N, K_max), zero-padded options
@@ -280,6 +314,9 @@ def summarize(study: Study, root: Path, *, n_boot: int = 1000) -> dict[str, Any]
     for entry in rows.values():
         for d in entry["datasets"].values():
             del d["_probs"], d["_labels"]
+        per_seed = entry.pop("_dynamics", [])
+        if per_seed:
+            entry["dynamics"] = {k: float(np.mean([p[k] for p in per_seed])) for k in per_seed[0]}
     out = {"study": study.name, "description": study.description, "rows": rows,
            "variants": {v.name: {"methods": list(v.methods), "args": list(v.args), "note": v.note}
                         for v in study.variants},
@@ -342,6 +379,9 @@ def markdown(summary: dict[str, Any]) -> str:
         if paired:
             lines += ["Paired on the same questions (row minus baseline, 95% interval, p = share "
                       "of resamples where the row is not better):", "", *paired, ""]
+    dyn = _dynamics_table(summary)
+    if dyn:
+        lines += ["## Training dynamics (mean over seeds)", "", *dyn, ""]
     lines += ["## Variants", ""]
     for name, v in summary["variants"].items():
         lines.append(f"- `{name}`: `--methods {' '.join(v['methods'])} {' '.join(v['args'])}` "

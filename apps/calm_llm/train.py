@@ -521,6 +521,9 @@ def evaluate_method(state: Run, ev: Evaluation, info: method_registry.MethodInfo
     for name, scope in passes:
         preds, res = {}, {}
         with scope:
+            extras = dict(method.extras)
+            if name != row and "calib_nll" in extras:  # the calibration split without α, too
+                extras.update(calib_metrics(ctx, method, name))
             for es in ev.eval_sets:
                 if not info.trains:
                     ol, y = ev.base_logits(es, method)
@@ -531,7 +534,7 @@ def evaluate_method(state: Run, ev: Evaluation, info: method_registry.MethodInfo
                 res[es.name] = {
                     **evaluate.dataset_metrics(probs, y, domain=es.domain, n_bins=cfg.n_bins,
                                                n_boot=cfg.n_boot),
-                    **method.extras,
+                    **extras,
                 }
         state.results[name], state.predictions[name] = res, preds
     state.write()

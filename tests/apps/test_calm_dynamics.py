@@ -264,13 +264,16 @@ def test_export_of_a_supported_alpha_applies_the_same_transform(tmp_path):
 
 def test_eval_calib_records_the_calibration_split_of_every_method(tmp_path):
     out = tmp_path / "run"
-    assert main([*TINY, "--methods", "none", "sft", "--steps", "2", "--eval-calib",
+    assert main([*TINY, "--methods", "none", "sft", "calm", "--steps", "2", "--eval-calib",
                  "--out", str(out)]) == 0
     res = json.loads((out / "metrics.json").read_text())["results"]
     assert res["none"]["sciq"]["calib_nll"] > 0  # every method, trained or not
     sft = res["sft"]["sciq"]
     assert 0.0 <= sft["calib_conf_ece"] <= 1.0 and 0.0 <= sft["calib_accuracy"] <= 1.0
     assert sft["calib_nll"] > 0 and sft["calib_nll"] == res["sft"]["arc_easy"]["calib_nll"]
+    # the row without α is scored on the calibration split without α
+    with_a, without = res["calm"]["sciq"], res["calm:no_alpha"]["sciq"]
+    assert with_a["calib_nll"] != without["calib_nll"]
     # scoring the calibration split changes nothing else
     assert main([*TINY, "--methods", "none", "sft", "--steps", "2", "--out", str(tmp_path / "b")]) == 0
     plain = json.loads((tmp_path / "b" / "metrics.json").read_text())["results"]

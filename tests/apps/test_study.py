@@ -92,3 +92,17 @@ def test_paired_difference_of_a_row_with_itself_is_exactly_zero():
     acc = S.paired_difference(perfect, uniform, labels, n_boot=50)["accuracy"]
     assert acc["diff"] == pytest.approx(1.0 - np.mean(np.argmax(uniform[0], 1) == labels))
     assert acc["p_not_better"] == 0.0
+
+
+def test_dynamics_average_the_steps_and_keep_alphas_last_range(tmp_path):
+    f = tmp_path / "history_calm.jsonl"
+    steps = [{"step": k, "lambda": 0.1 * k, "cos": -0.5 + k, "cos_outer": 0.0, "cos_inner": 1.0,
+              "calib_entropy": 2.0, "alpha_tau_min": 1.0 - 0.1 * k, "alpha_tau_max": 1.0 + 0.1 * k,
+              "alpha_l_min": -k, "alpha_l_max": k, "alpha_moved": 10 * k} for k in (1, 2, 3)]
+    f.write_text("\n".join(json.dumps(s) for s in steps) + "\n")
+    d = S.dynamics(f)
+    assert d["mean_lambda"] == pytest.approx(0.2) and d["mean_cos"] == pytest.approx(1.5)
+    assert d["last_alpha_tau_max"] == pytest.approx(1.3) and d["last_alpha_moved"] == 30
+    # an SFT history (loss only) has no BOME dynamics
+    (tmp_path / "h.jsonl").write_text(json.dumps({"step": 1, "loss": 2.0}) + "\n")
+    assert S.dynamics(tmp_path / "h.jsonl") == {}
