@@ -26,6 +26,7 @@ from typing import Any
 
 from calibration import alpha_table  # torch-free: the α names and options
 
+from . import solvers  # torch-free: the solver tables
 from .data import sources  # torch-free: the data source table
 
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"
@@ -168,7 +169,8 @@ class TrainConfig:
 
 @dataclass
 class CalmConfig:
-    solver: str = opt("bome", "bilevel solver of the CALM problem", choices=("bome", "itd", "aid"))
+    solver: str = opt("bome", "bilevel solver of the CALM problem (apps.calm_llm.solvers table)",
+                      choices=solvers.Names("SOLVERS"))
     alpha_param: str = opt(
         "affine",
         "α parameterization (calm_scalar always uses 'temperature')",
@@ -239,8 +241,12 @@ class CalmConfig:
     phi: str = opt("grad_norm", "BOME control φ", choices=("grad_norm", "value_gap"))
     c: float = opt(0.5, "BOME: φ = c·q (phi=value_gap)")
     gamma: float = opt(1.0, "calm_regularization: loss = CE − γ·entropy")
-    cg_maxiter: int = opt(5, "AID: conjugate-gradient iterations")
-    cg_tol: float = opt(1e-6, "AID: conjugate-gradient tolerance")
+    linear_solver: str = opt(
+        "cg", "AID: linear solver of ∇²g·v = ∇f (apps.calm_llm.solvers table; a plugin may add one)",
+        choices=solvers.Names("LINEAR_SOLVERS"),
+    )
+    cg_maxiter: int = opt(5, "AID: iterations of the linear solver (CG; Neumann terms)")
+    cg_tol: float = opt(1e-6, "AID: tolerance of the linear solver (relative residual)")
     itd_truncate: int = opt(0, "ITD: back-propagate through the last k inner steps (0 = all)")
 
 

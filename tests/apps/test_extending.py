@@ -2,12 +2,15 @@
 own, registered through the public table and loaded with --plugins, trains and is evaluated
 end to end on the tiny model without any project file edited."""
 
+import importlib
 import json
+import math
 import re
 import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from apps.calm_llm import config as C
 from apps.calm_llm import methods
@@ -72,3 +75,35 @@ def test_an_unknown_plugin_or_a_taken_name_is_refused():
 def test_the_method_is_unknown_without_its_plugin():
     with pytest.raises(C.ConfigError, match="unknown method 'confidence_penalty'"):
         C.parse_args(["--methods", "confidence_penalty"])
+
+
+def test_a_plugin_linear_solver_runs_aid_end_to_end(tmp_path, monkeypatch):
+    from apps.calm_llm import solvers
+
+    text = DOC.read_text()
+    code = re.search(r"```python\n(# richardson_solver\.py\n.*?)```", text, re.S).group(1)
+    (tmp_path / "richardson_solver.py").write_text(code)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(solvers, "LINEAR_SOLVERS", dict(solvers.LINEAR_SOLVERS))
+    monkeypatch.delitem(sys.modules, "richardson_solver", raising=False)
+    mod = importlib.import_module("richardson_solver")  # --plugins finds it imported already
+    calls = []
+
+    def counted(matvec, b, init=None):
+        calls.append(len(b))
+        return mod.__dict__["_original"](matvec, b, init)
+
+    monkeypatch.setitem(mod.__dict__, "_original", mod.richardson)
+    monkeypatch.setattr(mod, "richardson", counted)  # the registered factory reads it on use
+    out = tmp_path / "run"
+    argv = [*TINY, "--plugins", "richardson_solver", "--methods", "calm", "--solver", "aid",
+            "--linear-solver", "richardson", "--steps", "2", "--out", str(out)]
+    assert main(argv) == 0
+    assert len(calls) == 2  # one linear solve per outer step, by the user's function
+    x, info = mod.__dict__["_original"](lambda v: [2.0 * t for t in v], [torch.ones(3)], steps=50)
+    assert torch.allclose(x[0], torch.full((3,), 0.5)) and info["residual"] < 1e-6
+    results = json.loads((out / "metrics.json").read_text())["results"]
+    assert {"calm", "calm:no_alpha"} <= set(results)
+    assert math.isfinite(results["calm"]["sciq"]["nll"])
+    assert json.loads((out / "config.json").read_text())["calm"]["linear_solver"] == "richardson"
+    sys.modules.pop("richardson_solver", None)

@@ -28,7 +28,7 @@ import torch
 import bilevel
 from calibration import objectives
 
-from .. import scoring
+from .. import scoring, solvers
 from . import spec
 from .alpha_wiring import Alpha, answer_token_ids, make_alpha
 from .base import Context, Method, finite_option_logits, gold_only, lr_lambda
@@ -99,17 +99,37 @@ class CalmObjectives:
 
 
 def make_solver(ctx: Context):
-    """bilevel.BOME / ITD / AID from the config."""
+    """The bilevel solver of ``--solver`` (the `apps.calm_llm.solvers` table), from the config."""
     c = ctx.cfg.calm
-    if c.solver == "bome":
-        return bilevel.BOME(inner_steps=c.inner_steps, inner_lr=c.inner_lr, eta=c.eta, phi=c.phi, c=c.c)
-    if ctx.dist.world > 1:
+    if solvers.is_second_order(c.solver) and ctx.dist.world > 1:
         raise ValueError(f"--solver {c.solver} (second order) is not supported across processes")
-    if c.solver == "itd":
-        return bilevel.ITD(inner_steps=c.inner_steps, inner_lr=c.inner_lr,
-                           truncate=c.itd_truncate or None)
+    return solvers.build_solver(c)
+
+
+# the built-in entries of the solver tables
+def bome_solver(c: Any) -> bilevel.BOME:
+    return bilevel.BOME(inner_steps=c.inner_steps, inner_lr=c.inner_lr, eta=c.eta, phi=c.phi, c=c.c)
+
+
+def itd_solver(c: Any) -> bilevel.ITD:
+    return bilevel.ITD(inner_steps=c.inner_steps, inner_lr=c.inner_lr, truncate=c.itd_truncate or None)
+
+
+def aid_solver(c: Any) -> bilevel.AID:
     return bilevel.AID(inner_steps=c.inner_steps, inner_lr=c.inner_lr,
-                       linear_solver=bilevel.linalg.CG(maxiter=c.cg_maxiter, tol=c.cg_tol))
+                       linear_solver=solvers.build_linear_solver(c))
+
+
+def cg_linear_solver(c: Any) -> bilevel.linalg.CG:
+    return bilevel.linalg.CG(maxiter=c.cg_maxiter, tol=c.cg_tol)
+
+
+def neumann_linear_solver(c: Any) -> Any:
+    return bilevel.linalg.solve_neumann(steps=c.cg_maxiter, lr=c.inner_lr, tol=c.cg_tol)
+
+
+def dense_linear_solver(c: Any) -> Any:
+    return bilevel.linalg.solve_dense()
 
 
 class Calm(Method):

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from .. import solvers
 from ..config import ConfigError
-from .spec import SECOND_ORDER_SOLVERS
 
 
 def _check(ok: bool, msg: str) -> None:
@@ -77,7 +77,7 @@ def _validate_calm_objective(cfg: Any) -> None:
                "--upper-loss soft_ece is an option-level ECE; it needs --upper-objective options")
     if c.upper_objective == "answer_tokens":
         _check(cfg.data.mode == "cloze", "--upper-objective answer_tokens needs --mode cloze")
-    if c.solver in SECOND_ORDER_SOLVERS:
+    if solvers.is_second_order(c.solver):
         _check(
             cfg.model.attn_implementation != "sdpa",
             f"--solver {c.solver} differentiates twice; --attn-implementation sdpa has no double "

@@ -15,8 +15,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-# the --solver values that differentiate through the inner gradient steps
-SECOND_ORDER_SOLVERS = ("itd", "aid")
+from .. import solvers
 
 
 def never(cfg: Any) -> bool:
@@ -26,7 +25,7 @@ def never(cfg: Any) -> bool:
 
 def solver_is_second_order(cfg: Any) -> bool:
     """``second_order`` of a method solved by ``--solver``: ITD and AID differentiate twice."""
-    return cfg.calm.solver in SECOND_ORDER_SOLVERS
+    return solvers.is_second_order(cfg.calm.solver)
 
 
 @dataclass(frozen=True)
