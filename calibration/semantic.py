@@ -203,11 +203,12 @@ class EmbeddingSimilarity:
     the cluster whose representative is most similar if that similarity is >= ``threshold``,
     else starts a cluster. ``embed(texts) -> (len(texts), d)`` tensor; rows need not be unit
     length (they are normalized here). The result depends on answer order only through which
-    member represents a cluster, as in Kuhn et al.'s greedy procedure.
+    member represents a cluster, as in Kuhn et al.'s greedy procedure. The default threshold
+    0.75 is a choice, not a published value: docs/open_qa.md gives the similarities it rests on.
     """
 
     def __init__(
-        self, embed: Callable[[list[str]], Any], threshold: float = 0.85, **normalize: Any
+        self, embed: Callable[[list[str]], Any], threshold: float = 0.75, **normalize: Any
     ) -> None:
         if not callable(embed):
             raise TypeError(f"embed must be callable, got {embed!r}")

@@ -411,3 +411,18 @@ def test_parse_verbalized_confidence(text, expected):
 def test_parse_verbalized_confidence_rejects_non_text():
     assert parse_verbalized_confidence(None) is None
     assert parse_verbalized_confidence(85) is None
+
+
+def test_open_qa_md_python_blocks_run(capsys):
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "open_qa.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", text, flags=re.S)
+    assert blocks, "docs/open_qa.md has no python example"
+    namespace: dict = {}
+    for block in blocks:
+        exec(compile(block, "docs/open_qa.md", "exec"), namespace)
+    assert namespace["ids"] == [0, 0, 1, 0, 2] and namespace["confidence"] == 0.6
+    assert namespace["correct"] is True
+    assert "'accuracy': 0.75" in capsys.readouterr().out
