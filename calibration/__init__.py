@@ -1,7 +1,9 @@
-"""Calibration metrics, objectives, α parameterizations, post-hoc scaling and plots.
+"""Calibration metrics, objectives, α parameterizations, post-hoc scaling, plots, and the
+Semantic-ECE protocol for free-form answers (``calibration.semantic``).
 
 Knows nothing about solvers or LLMs: imports torch and numpy only (matplotlib lazily, inside
-the plotting functions). See docs/calibration.md.
+the plotting functions; transformers lazily, inside the optional embedding and NLI loaders of
+``calibration.semantic``). See docs/calibration.md.
 
 The submodules load on first use (``calibration.metrics``, ``from calibration import alpha``),
 so that ``calibration.alpha_table`` — the names and options of the α parameterizations — can be
@@ -15,7 +17,7 @@ from typing import Any
 
 __version__ = "0.1.0"
 
-__all__ = ["__version__", "alpha", "alpha_table", "metrics", "objectives", "plots", "posthoc"]
+__all__ = ["__version__", "alpha", "alpha_table", "metrics", "objectives", "plots", "posthoc", "semantic"]
 
 _SUBMODULES = frozenset(__all__) - {"__version__"}
 

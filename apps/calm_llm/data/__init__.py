@@ -1,4 +1,4 @@
-"""MCQA and instruction data for the CALM app: unified schema, sources, splits, batches.
+"""MCQA, instruction and open-QA data for the CALM app: unified schemas, sources, splits, batches.
 
 The names below load their submodule on first use, so that `sources` (the source table, which
 `config` reads to validate ``--in-domain``) imports without torch.
@@ -23,6 +23,10 @@ _WHERE = {
     "load_source": "sources",
     "register_source": "sources",
     "source_names": "sources",
+    "OPEN_QA_SOURCES": "open_qa",
+    "OpenQAExample": "open_qa",
+    "load_open_qa": "open_qa",
+    "register_open_qa_source": "open_qa",
     "Splits": "splits",
     "make_splits": "splits",
 }

