@@ -80,6 +80,13 @@ CALM_DYNAMICS = Study(
                 note="calm's former default: alpha over the vocabulary, exp tau, calib batch 4"),
         Variant("nll", ("calm",), ("--upper-loss", "nll"),
                 note="extension: upper loss = calibration-set NLL (optimum at calibration)"),
+        # defined, not yet run (docs/calm.md says which cells the published tables hold)
+        Variant("upper", ("calm",), ("--alpha-acts", "upper_and_inference"),
+                note="extension: alpha kept out of the lower loss"),
+        Variant("sgd", ("calm",), ("--bome-optimizer", "sgd"),
+                note="BOME as analysed: plain SGD on the joint direction"),
+        Variant("soft_ece", ("calm",), ("--upper-loss", "soft_ece", "--upper-objective", "options"),
+                note="extension: soft-binned ECE of the option distribution as upper loss"),
     ),
     # measured in this study's cells (2026-12-03): sft 1.5 s, calm 6.8 s per step; 0.15 s per
     # scored question (SciQ 0.11, ARC-Easy 0.2)

@@ -106,3 +106,14 @@ def test_dynamics_average_the_steps_and_keep_alphas_last_range(tmp_path):
     # an SFT history (loss only) has no BOME dynamics
     (tmp_path / "h.jsonl").write_text(json.dumps({"step": 1, "loss": 2.0}) + "\n")
     assert S.dynamics(tmp_path / "h.jsonl") == {}
+
+
+@pytest.mark.parametrize("name", sorted(S.STUDIES))
+def test_every_cell_of_a_shipped_study_is_a_valid_run(name):
+    from apps.calm_llm import config as C
+
+    study = S.STUDIES[name]
+    for cell in S.cells(study):
+        cfg = C.parse_args(cell.argv(study))  # raises ConfigError naming a bad option
+        assert cfg.seed == cell.seed and list(cfg.methods) == list(cell.variant.methods)
+    assert S.estimate_s(study, S.cells(study)[0]) > 0
