@@ -20,6 +20,7 @@ and B_k the samples whose confidence falls in bin k:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -193,19 +194,38 @@ def bootstrap(
     ``functools.partial(conf_ece, n_bins=15)`` to pass metric options.
     """
     p, y = check_probs_labels(probs, labels, from_logits=from_logits)
+    return percentile_bootstrap(metric, p, y, n=n, seed=seed, level=level)
+
+
+def percentile_bootstrap(
+    metric: Callable[[torch.Tensor, torch.Tensor], float],
+    a: torch.Tensor,
+    b: torch.Tensor,
+    *,
+    n: int,
+    seed: int,
+    level: float,
+    skip_nan: bool = False,
+) -> Interval:
+    """The resampling of `bootstrap` on two validated row-aligned tensors (N, ...) and (N, ...):
+    ``n`` draws of N rows with replacement from ``numpy.random.default_rng(seed)``, the metric's
+    ((1 − level)/2, (1 + level)/2) quantiles; ``skip_nan`` leaves NaN resamples out (NaN bounds
+    when every resample is NaN)."""
     if not isinstance(n, int) or n < 1:
         raise ValueError(f"n (number of resamples) must be a positive integer, got {n!r}")
     if not 0.0 < level < 1.0:
         raise ValueError(f"level must lie in (0, 1), got {level!r}")
     rng = np.random.default_rng(seed)
-    size = p.shape[0]
+    size = a.shape[0]
     values = np.empty(n, dtype=np.float64)
-    for b in range(n):
+    for k in range(n):
         idx = torch.from_numpy(rng.integers(0, size, size=size))
-        values[b] = metric(p[idx], y[idx])
-    alpha = (1.0 - level) / 2.0
-    low, high = np.quantile(values, [alpha, 1.0 - alpha])
-    return Interval(estimate=float(metric(p, y)), low=float(low), high=float(high))
+        values[k] = metric(a[idx], b[idx])
+    if skip_nan:
+        values = values[~np.isnan(values)]
+    tail = (1.0 - level) / 2.0
+    low, high = np.quantile(values, [tail, 1.0 - tail]) if values.size else (math.nan, math.nan)
+    return Interval(estimate=float(metric(a, b)), low=float(low), high=float(high))
 
 
 @dataclass(frozen=True)

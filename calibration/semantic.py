@@ -42,7 +42,13 @@ import torch
 
 from calibration._checks import as_float64, check_n_bins
 from calibration.binning import width_edges
-from calibration.metrics import Interval, ReliabilityData, _binned, _ece_from_bins
+from calibration.metrics import (
+    Interval,
+    ReliabilityData,
+    _binned,
+    _ece_from_bins,
+    percentile_bootstrap,
+)
 
 __all__ = [
     "BidirectionalEntailment",
@@ -522,20 +528,7 @@ def bootstrap_binary(
     as ``calibration.metrics.bootstrap`` draws (numpy Generator seeded by ``seed``). Resamples
     where the metric is NaN (AUROC of a one-class resample) are left out of the quantiles."""
     conf, corr = _check_pairs(confidence, correct)
-    if not isinstance(n, int) or n < 1:
-        raise ValueError(f"n (number of resamples) must be a positive integer, got {n!r}")
-    if not 0.0 < level < 1.0:
-        raise ValueError(f"level must lie in (0, 1), got {level!r}")
-    rng = np.random.default_rng(seed)
-    size = conf.shape[0]
-    values = np.empty(n, dtype=np.float64)
-    for b in range(n):
-        idx = torch.from_numpy(rng.integers(0, size, size=size))
-        values[b] = metric(conf[idx], corr[idx])
-    values = values[~np.isnan(values)]
-    tail = (1.0 - level) / 2.0
-    low, high = np.quantile(values, [tail, 1.0 - tail]) if values.size else (math.nan, math.nan)
-    return Interval(estimate=float(metric(conf, corr)), low=float(low), high=float(high))
+    return percentile_bootstrap(metric, conf, corr, n=n, seed=seed, level=level, skip_nan=True)
 
 
 def binary_reliability_data(confidence: Any, correct: Any, n_bins: int = 10) -> ReliabilityData:
