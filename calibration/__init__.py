@@ -2,8 +2,7 @@
 Semantic-ECE protocol for free-form answers (``calibration.semantic``).
 
 Knows nothing about solvers or LLMs: imports torch and numpy only (matplotlib lazily, inside
-the plotting functions; transformers lazily, inside the optional embedding and NLI loaders of
-``calibration.semantic``). See docs/calibration.md.
+the plotting functions). See docs/calibration.md.
 
 The submodules load on first use (``calibration.metrics``, ``from calibration import alpha``),
 so that ``calibration.alpha_table`` — the names and options of the α parameterizations — can be

