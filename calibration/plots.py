@@ -23,7 +23,7 @@ def reliability_diagram(
     curves: dict[str, tuple[Any, Any]],
     path: str | Path,
     n_bins: int = 10,
-    mode: Literal["top", "classwise"] = "top",
+    mode: Literal["top", "classwise", "binary"] = "top",
     title: str | None = None,
 ) -> Path:
     """Draw the reliability diagram of each ``name -> (probs, labels)`` and save a PNG.
@@ -31,14 +31,17 @@ def reliability_diagram(
     Top panel: per-bin accuracy against per-bin mean confidence (``metrics.reliability_data``),
     one line per method, the diagonal for perfect calibration; the legend gives each method's
     conf-ECE (mode="top") or cw-ECE (mode="classwise"). Bottom panel: the share of samples in
-    each bin. probs (N, K), labels (N,). Returns the path written (parents are created).
+    each bin. probs (N, K), labels (N,). ``mode="binary"``: each curve is (confidence (N,),
+    correct (N,)) — one confidence per question in the answer it gave, as in open QA — binned as
+    `calibration.semantic.semantic_ece` bins them (the legend gives that ECE). Returns the path
+    written (parents are created).
     The PNG is written whole or not at all: a full disk or a kill while saving leaves the
     previous file (if any) in place, never a cut one.
     """
     if not curves:
         raise ValueError("curves is empty: give at least one name -> (probs, labels)")
-    if mode not in ("top", "classwise"):
-        raise ValueError(f"mode must be 'top' or 'classwise', got {mode!r}")
+    if mode not in ("top", "classwise", "binary"):
+        raise ValueError(f"mode must be 'top', 'classwise' or 'binary', got {mode!r}")
     n_bins = check_n_bins(n_bins)
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
@@ -51,10 +54,9 @@ def reliability_diagram(
     width = 1.0 / n_bins
     n_curves = len(curves)
     for i, (name, (probs, labels)) in enumerate(curves.items()):
-        data = metrics.reliability_data(probs, labels, n_bins=n_bins, mode=mode)
-        err = (metrics.conf_ece if mode == "top" else metrics.cw_ece)(probs, labels, n_bins=n_bins)
+        data, err = _curve(probs, labels, n_bins, mode)
         keep = data.count > 0
-        ece_name = "ECE" if mode == "top" else "cw-ECE"
+        ece_name = "cw-ECE" if mode == "classwise" else "ECE"
         (line,) = ax.plot(
             data.confidence[keep], data.accuracy[keep], marker="o", markersize=4,
             label=f"{name} ({ece_name} {err:.3f})",
@@ -63,8 +65,9 @@ def reliability_diagram(
         offsets = data.bin_lower + width * (i + 0.5) / n_curves
         share = data.count / max(int(data.count.sum()), 1)
         hist.bar(offsets, share, width=width / n_curves, color=line.get_color(), alpha=0.8)
-    xlabel = "confidence (max probability)" if mode == "top" else "predicted probability p_j"
-    ax.set(xlim=(0, 1), ylim=(0, 1), ylabel="accuracy" if mode == "top" else "frequency of y = j")
+    xlabel = {"top": "confidence (max probability)", "classwise": "predicted probability p_j",
+              "binary": "confidence in the answer given"}[mode]
+    ax.set(xlim=(0, 1), ylim=(0, 1), ylabel="frequency of y = j" if mode == "classwise" else "accuracy")
     ax.set_xticklabels([])
     ax.grid(alpha=0.3)
     ax.legend(loc="upper left", fontsize=8)
@@ -77,6 +80,16 @@ def reliability_diagram(
     out.parent.mkdir(parents=True, exist_ok=True)
     _save_atomic(fig, out)
     return out
+
+
+def _curve(a: Any, b: Any, n_bins: int, mode: str) -> tuple[metrics.ReliabilityData, float]:
+    """(per-bin data, the ECE its legend shows) of one curve."""
+    if mode == "binary":
+        from calibration import semantic
+
+        return semantic.binary_reliability_data(a, b, n_bins), semantic.semantic_ece(a, b, n_bins)
+    err = (metrics.conf_ece if mode == "top" else metrics.cw_ece)(a, b, n_bins=n_bins)
+    return metrics.reliability_data(a, b, n_bins=n_bins, mode=mode), err
 
 
 def _save_atomic(fig: Any, out: Path) -> None:
