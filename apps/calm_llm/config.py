@@ -251,7 +251,36 @@ class CalmConfig:
 
 
 @dataclass
+class OpenQAConfig:
+    """``--task open_qa``: how answers are sampled, clustered and matched (docs/open_qa.md)."""
+
+    n_samples: int = opt(20, "open QA: answers sampled per question (confidence = share of the "
+                             "largest semantic cluster)")
+    sample_temperature: float = opt(0.7, "open QA: sampling temperature (the protocol's 0.7)")
+    top_p: float = opt(1.0, "open QA: nucleus-sampling mass (1 = off)")
+    max_new_tokens: int = opt(16, "open QA: most tokens of one answer (an answer also ends at a "
+                                  "newline or EOS)")
+    gen_batch_size: int = opt(8, "open QA: questions per generate call (all their samples at once)")
+    cluster: str = opt("exact", "open QA: semantic equivalence of answers",
+                       choices=("exact", "embedding", "nli"))
+    cluster_threshold: float = opt(0.75, "open QA: cosine similarity that merges two answers "
+                                         "(--cluster embedding)")
+    nli_model: str = opt("microsoft/deberta-large-mnli",
+                         "open QA: NLI classifier for --cluster nli (hub name or folder)")
+    match: str = opt("contains", "open QA: an answer is right when its normalized form contains "
+                                 "a gold alias as whole words (contains; untrained small models "
+                                 "answer in sentences) or equals one (exact, TriviaQA's)",
+                     choices=("exact", "contains"))
+    split_half_splits: int = opt(10, "open QA: random half-splits of the split-half confidence")
+    verbalized: bool = opt(True, "open QA: also ask the model for a 0-100 confidence in its "
+                                 "greedy answer (a baseline)")
+
+
+@dataclass
 class Config:
+    task: str = opt("mcqa", "'mcqa' (multiple choice) or 'open_qa' (free-form answers, "
+                    "Semantic-ECE; its own embedded default, docs/open_qa.md)",
+                    choices=("mcqa", "open_qa"))
     methods: list[str] = opt(["none", "ts", "sft", "calm"], "methods to run",
                              names=lambda: _methods().names())
     plugins: list[str] = opt(
@@ -306,6 +335,7 @@ class Config:
     data: DataConfig = field(default_factory=DataConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     calm: CalmConfig = field(default_factory=CalmConfig)
+    open_qa: OpenQAConfig = field(default_factory=OpenQAConfig)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -326,6 +356,9 @@ class Config:
         out: dict[str, Any] = {}
         for sec, f in _leaf_fields():
             if f.name in RUN_ONLY or f.name in EVAL_ONLY:
+                continue
+            # multiple-choice runs ignore the open-QA options: their hashes stay what they were
+            if self.task == "mcqa" and (sec == "open_qa" or f.name == "task"):
                 continue
             out[_flag(f)] = getattr(getattr(self, sec) if sec else self, f.name)
         return out
@@ -352,7 +385,7 @@ def differences(saved: Config, now: Config) -> list[str]:
     return [f"{k}: {a[k]!r} (the run's) vs {b[k]!r} (now)" for k in a if a[k] != b[k]]
 
 
-SECTIONS = ("model", "data", "train", "calm")
+SECTIONS = ("model", "data", "train", "calm", "open_qa")
 
 
 def _leaf_fields() -> list[tuple[str | None, dataclasses.Field]]:
@@ -522,6 +555,8 @@ def parse_args(argv: list[str] | None = None) -> Config:
     ns = vars(build_parser().parse_args(argv))
     cfg = Config()
     config_file = ns.pop("config", None)
+    if config_file is None and ns.get("task") == "open_qa":
+        config_file = "open_qa"  # --task open_qa alone runs its own embedded default
     if config_file:
         cfg = from_dict(load_file(resolve_config_file(config_file)), cfg)
     nested: dict[str, Any] = {}
@@ -679,6 +714,9 @@ def _check_data(cfg: Config) -> None:
         _check(d.n_ood >= 1, "--n-ood: need at least 1 question per out-of-domain source "
                "(or give no --out-of-domain sources)")
     files, hub = data_files(cfg), data_hub(cfg)
+    if cfg.task == "open_qa":
+        _check_open_qa(cfg, files, hub)
+        return
     for src in [*d.in_domain, *d.out_of_domain]:
         _check(
             src in sources.source_names("mcqa") or src in files or src in hub,
@@ -693,6 +731,37 @@ def _check_data(cfg: Config) -> None:
         )
     _check(d.n_calib >= 2, "--n-calib: need at least 2 calibration questions")
     _check(d.n_test >= 1, "--n-test: need at least 1 test question per in-domain source")
+
+
+def _check_open_qa(cfg: Config, files: dict[str, str], hub: dict[str, str]) -> None:
+    """``--task open_qa``: open-QA sources, sampling options, methods that apply."""
+    from .data import open_qa  # torch-free, like `sources`
+
+    d, q = cfg.data, cfg.open_qa
+    for src in [*d.in_domain, *d.out_of_domain]:
+        _check(
+            (src in open_qa.OPEN_QA_SOURCES and open_qa.OPEN_QA_SOURCES[src].offline is not None)
+            or src in files or src in hub,
+            f"--task open_qa: {src!r} is not an open-QA source available offline (offline: "
+            f"{[n for n, i in open_qa.OPEN_QA_SOURCES.items() if i.offline]}); give its file with "
+            f"--data-files {src}=PATH or its hub name with --data-hub {src}=ORG/NAME",
+        )
+    _check(not d.instruction_data, "--task open_qa trains on the open-QA questions themselves; "
+           "drop --instruction-data")
+    _check(d.n_calib >= 2, "--n-calib: need at least 2 calibration questions")
+    _check(d.n_test >= 1, "--n-test: need at least 1 test question per in-domain source")
+    _check(q.n_samples >= 2, f"--n-samples: need at least 2 samples per question, got {q.n_samples}")
+    _check(q.sample_temperature > 0, "--sample-temperature: must be positive")
+    _check(0 < q.top_p <= 1, f"--top-p: must be in (0, 1], got {q.top_p}")
+    _check(q.max_new_tokens >= 1 and q.gen_batch_size >= 1,
+           "--max-new-tokens and --gen-batch-size: must be at least 1")
+    _check(0 < q.cluster_threshold <= 1, "--cluster-threshold: must be in (0, 1]")
+    _check(q.split_half_splits >= 1, "--split-half-splits: must be at least 1")
+    table = _methods().TABLE
+    for m in cfg.methods:
+        _check(m not in table or "open_qa" in table[m].tasks,
+               f"--methods {m}: does not apply to --task open_qa ({table[m].name} needs answer "
+               f"options); open-QA methods: {[n for n, i in table.items() if 'open_qa' in i.tasks]}")
 
 
 def _check_train(cfg: Config) -> None:

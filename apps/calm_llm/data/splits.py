@@ -106,12 +106,13 @@ def manifest_changes(saved: dict[str, Any], now: dict[str, Any]) -> list[str]:
     return out
 
 
-def content_key(e: MCQAExample) -> str:
-    """The question and its options (any order) up to case and spacing."""
+def content_key(e: Any) -> str:
+    """The question and its options (any order) up to case and spacing; an open-QA question
+    (no options) by its text alone, so TriviaQA and NQ-open never share a question."""
     def norm(t: str) -> str:
         return " ".join(t.casefold().split())
 
-    return "\x1f".join([norm(e.question), *sorted(norm(o) for o in e.options)])
+    return "\x1f".join([norm(e.question), *sorted(norm(o) for o in getattr(e, "options", ()))])
 
 
 def _remove_overlap(

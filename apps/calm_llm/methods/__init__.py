@@ -36,7 +36,7 @@ register(MethodInfo("label_smoothing", f"{__name__}.sft:LabelSmoothing", trains=
                     sections=("label_smoothing",), validate=validate_label_smoothing,
                     summary="SFT with smoothed targets"))
 register(MethodInfo("rcft", f"{__name__}.rcft:RCFT", trains=True, sections=("rcft",),
-                    validate=validate_rcft, summary="SFT plus the EM-style ECE regularizer"))
+                    validate=validate_rcft, tasks=("mcqa",), summary="SFT plus the EM-style ECE regularizer"))
 register(MethodInfo("calm", f"{__name__}.calm:Calm", trains=True,
                     second_order=solver_is_second_order, **_CALM,
                     summary="bilevel calibration of (α, LoRA)"))

@@ -263,6 +263,12 @@ class Method:
     def vocab_transform(self, logits: torch.Tensor) -> torch.Tensor:
         return logits
 
+    def generation_processors(self) -> list:
+        """transformers ``LogitsProcessor``s that make ``generate`` sample from this method's
+        model (open QA): applied to the raw next-token scores (B, V) before the sampling
+        temperature and top-p. None for a method that changes only the weights."""
+        return []
+
     def option_transform(self, option_logits: torch.Tensor) -> torch.Tensor:
         return option_logits
 

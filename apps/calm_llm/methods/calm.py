@@ -71,6 +71,8 @@ class CalmObjectives:
         outer_s = self.ctx.dist.sync(outer)
         logits, batch = self.ctx.forward(inner, batch)
         z = self.alpha.apply(outer_s, logits) if self.vocab_alpha_upper else logits
+        if batch.mode == "instruction":  # open QA: free-form gold answers, no options
+            return self._answer_token_upper(outer, z, batch)
         if c.upper_objective == "answer_tokens":
             if c.upper_loss == "nll":
                 f = scoring.lm_loss(z, gold_only(batch))
@@ -92,6 +94,21 @@ class CalmObjectives:
                 "calib_confidence": p.max(-1).values.mean(),
                 "calib_accuracy": (p.argmax(-1) == batch.labels).float().mean(),
             }
+        return f
+
+    def _answer_token_upper(self, outer: dict, z: torch.Tensor, batch) -> torch.Tensor:
+        """Open QA's f: the mean entropy (negated) of the α-adjusted next-token distributions
+        at the gold answers' token positions, or (``--upper-loss nll``) their CE; ``last``
+        records the token-level entropy and confidence (max probability)."""
+        c = self.ctx.cfg.calm
+        za = scoring.answer_logits(z, batch)
+        f = scoring.lm_loss(z, batch) if c.upper_loss == "nll" else -objectives.entropy(za)
+        if c.alpha_decay > 0:
+            f = f + c.alpha_decay * self.alpha.param.deviation(outer)
+        with torch.no_grad():
+            p = torch.softmax(za.detach().float(), dim=-1)
+            self.last = {"calib_entropy": -(p * p.clamp_min(1e-30).log()).sum(-1).mean(),
+                         "calib_confidence": p.max(-1).values.mean()}
         return f
 
     def problem(self) -> bilevel.Problem:
@@ -207,6 +224,16 @@ class Calm(Method):
         if not self.alpha_in_use or self.alpha.on != "vocab":
             return logits
         return self.alpha.apply(self.alpha.params, logits)
+
+    def generation_processors(self) -> list:
+        """α on the next-token scores while generating: the exported `AlphaLogitsProcessor`."""
+        if not self.alpha_in_use or self.alpha.on != "vocab":
+            return []
+        from ..export import AlphaLogitsProcessor
+
+        params = {n: p.detach() for n, p in self.alpha.params.items()}
+        return [AlphaLogitsProcessor(self.alpha.param, params, self.alpha.class_ids,
+                                     vocab_size=self.ctx.lm.vocab_size)]
 
     def option_transform(self, option_logits: torch.Tensor) -> torch.Tensor:
         if not self.alpha_in_use or self.alpha.on != "options":

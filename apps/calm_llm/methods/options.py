@@ -68,14 +68,22 @@ def _validate_calm_objective(cfg: Any) -> None:
     """What the upper objective reads must be what α acts on and what the scoring mode gives;
     the second-order solvers need an attention kernel with a double backward."""
     c = cfg.calm
-    if c.alpha_acts == "options":
+    if cfg.task == "open_qa":
+        # free-form answers have no options: α and the upper loss act on the answer tokens
+        _check(c.alpha_acts != "options" and c.alpha_support != "options",
+               "--task open_qa: answers have no options; use --alpha-acts lower_and_inference or "
+               "upper_and_inference and --alpha-support vocab or answer_tokens")
+        _check(c.upper_objective == "answer_tokens" and c.upper_loss in ("entropy", "nll"),
+               "--task open_qa: the upper loss reads the answer tokens; use --upper-objective "
+               "answer_tokens with --upper-loss entropy or nll")
+    elif c.alpha_acts == "options":
         _check(c.upper_objective == "options",
                "--alpha-acts options puts α on the option scores; it needs --upper-objective "
                "options (answer_tokens reads the vocabulary logits)")
-    if c.upper_loss == "soft_ece":
+    if c.upper_loss == "soft_ece" and cfg.task == "mcqa":
         _check(c.upper_objective == "options",
                "--upper-loss soft_ece is an option-level ECE; it needs --upper-objective options")
-    if c.upper_objective == "answer_tokens":
+    if c.upper_objective == "answer_tokens" and cfg.task == "mcqa":
         _check(cfg.data.mode == "cloze", "--upper-objective answer_tokens needs --mode cloze")
     if solvers.is_second_order(c.solver):
         _check(

@@ -46,6 +46,8 @@ class MethodInfo:
             ``"rcft"``, ``"label_smoothing"``: those ``train.*`` options).
         validate: ``validate(cfg)`` raises ``config.ConfigError`` for values of its own
             options that cannot work; runs on every configuration, like every other check.
+        tasks: the ``--task`` values it applies to (``"mcqa"``, ``"open_qa"``); a method
+            that reads answer options (RCFT's regularizer) is ``("mcqa",)``.
         summary: one line for the docs.
     """
 
@@ -56,6 +58,7 @@ class MethodInfo:
     second_order: Callable[[Any], bool] = never
     sections: tuple[str, ...] = ()
     validate: Callable[[Any], None] | None = None
+    tasks: tuple[str, ...] = ("mcqa", "open_qa")
     summary: str = ""
 
     def load(self) -> type:

@@ -1,5 +1,9 @@
 """`ts`: post-hoc temperature scaling of the untouched model's option scores.
 
+In open QA (``--task open_qa``) the runner's ``predict`` gives the calibration split's gold-answer
+next-token logits (M, V) and their target tokens (M,) instead, so the same fit makes T minimize
+the gold answers' token NLL, and T divides the next-token scores while sampling.
+
 T minimizes the NLL of softmax(option_logits / T) on the in-domain calibration split
 (`calibration.posthoc.fit_temperature`); the same T is applied to every evaluation set, in-domain
 and out-of-domain. ``at_boundary`` in the results says the fit ran to the edge of its search
@@ -34,4 +38,23 @@ class TemperatureScaling(Method):
 
     def option_transform(self, option_logits: torch.Tensor) -> torch.Tensor:
         return option_logits / self.temperature
+
+    def generation_processors(self) -> list:
+        """Open QA: T was fitted to the gold answers' next-token distributions, so it divides
+        the next-token scores while generating."""
+        return [ScoreTemperature(self.temperature)]
+
+
+class ScoreTemperature:
+    """A transformers-style logits processor: ``scores / T`` (B, V). (transformers' own
+    TemperatureLogitsWarper refuses nothing but is a sampling warper that greedy decoding
+    drops; this one applies in every decoding mode.)"""
+
+    def __init__(self, temperature: float) -> None:
+        if not temperature > 0:
+            raise ValueError(f"temperature must be positive, got {temperature}")
+        self.temperature = float(temperature)
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        return scores / self.temperature
 
