@@ -43,6 +43,8 @@ def main(argv: list[str] | None = None) -> int:
         "ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning
     )
 
+    if cfg.task == "open_qa":
+        from .open_qa.run import run  # the free-form answer protocol (docs/open_qa.md)
     try:
         run(cfg)
     except (NonFiniteLoss, ValueError) as e:

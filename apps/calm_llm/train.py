@@ -379,6 +379,15 @@ def run(cfg: Config) -> dict[str, Any]:
 def prepare_run_dir(cfg: Config, dist: distributed.Dist) -> tuple[Run, Any]:
     """Claim the run directory, refuse a resume that would mix results, read the data, and
     record config.json and splits.json. Returns the run's state and the data splits."""
+    run_dir, splits = claim_run_dir(cfg, dist, load_data)
+    state = Run(cfg, dist, run_dir, cfg.hash())
+    state.extra = {"config_hash": state.config_hash, "zero_shot_accuracy": {}}
+    return state, splits
+
+
+def claim_run_dir(cfg: Config, dist: distributed.Dist, load: Any) -> tuple[Path, Any]:
+    """The run directory and ``load(cfg)``'s splits, after the resume checks (the same options,
+    the same splits), with config.json and splits.json recorded. Shared by both tasks."""
     run_dir = make_run_dir(cfg, dist)
     dist.barrier()  # every rank has checked the folder before rank 0 writes into it
     if cfg.resume and not (run_dir / "config.json").is_file():
@@ -386,7 +395,7 @@ def prepare_run_dir(cfg: Config, dist: distributed.Dist) -> tuple[Run, Any]:
     if cfg.resume:
         check_resume_config(cfg, run_dir)
     # the data are read and checked against the run's record before anything is written
-    splits = load_data(cfg)
+    splits = load(cfg)
     manifest = splits.manifest()
     if cfg.resume:
         check_resume_splits(cfg, run_dir, manifest, dist)
@@ -395,9 +404,7 @@ def prepare_run_dir(cfg: Config, dist: distributed.Dist) -> tuple[Run, Any]:
         cfg.save(run_dir)
         atomic_write_text(run_dir / "splits.json", json.dumps(manifest, indent=1))
     log(f"run directory: {run_dir}", dist)
-    state = Run(cfg, dist, run_dir, cfg.hash())
-    state.extra = {"config_hash": state.config_hash, "zero_shot_accuracy": {}}
-    return state, splits
+    return run_dir, splits
 
 
 def restore_evaluated(state: Run) -> None:
