@@ -25,7 +25,7 @@ inputs before the prefill. Both take position ids from the left-padded attention
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -53,6 +53,7 @@ class GreedyAnswer:
 
     text: str
     token_logprobs: list[float]
+    token_ids: list[int] = field(default_factory=list)  # the generated ids those are for
 
 
 def answer_text(decoded: str) -> str:
@@ -261,5 +262,6 @@ def _greedy_rows(lm: Any, gen: torch.Tensor, scores: tuple, stop: torch.Tensor) 
         hits = ends[b].nonzero()
         k = int(hits[0]) + 1 if hits.numel() else gen.shape[1]
         text = lm.tokenizer.decode(gen[b, :k].tolist(), skip_special_tokens=True)
-        rows.append(GreedyAnswer(text=answer_text(text), token_logprobs=chosen[b, :k].tolist()))
+        rows.append(GreedyAnswer(text=answer_text(text), token_logprobs=chosen[b, :k].tolist(),
+                                 token_ids=gen[b, :k].tolist()))
     return rows
