@@ -24,6 +24,7 @@ inputs before the prefill. Both take position ids from the left-padded attention
 
 from __future__ import annotations
 
+import copy
 import sys
 from dataclasses import dataclass, field
 from typing import Any
@@ -181,8 +182,9 @@ def generate_batch(
     if share_prompt and ids.shape[1] > 1:  # a one-token prompt has nothing to share
         kwargs[lm._cache_kwarg] = prefill_cache(lm, ids, mask, n)
         ids, mask = ids.repeat_interleave(n, 0), mask.repeat_interleave(n, 0)
-    else:
-        kwargs["num_return_sequences"] = n
+    elif n > 1:
+        config = copy.deepcopy(config)  # in the config: generate warns on config + kwargs
+        config.num_return_sequences = n
     return lm.model.generate(
         input_ids=ids, attention_mask=mask, generation_config=config, logits_processor=processors,
         stopping_criteria=StoppingCriteriaList([AnswerStop(stop)]), **kwargs,
@@ -190,7 +192,7 @@ def generate_batch(
 
 
 def _batches(n_items: int, batch_size: int, desc: str) -> Any:
-    from tqdm.auto import tqdm
+    from tqdm import tqdm
 
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
