@@ -24,8 +24,9 @@ inputs before the prefill. Both take position ids from the left-padded attention
 
 from __future__ import annotations
 
+import copy
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -53,6 +54,7 @@ class GreedyAnswer:
 
     text: str
     token_logprobs: list[float]
+    token_ids: list[int] = field(default_factory=list)  # the generated ids those are for
 
 
 def answer_text(decoded: str) -> str:
@@ -180,8 +182,9 @@ def generate_batch(
     if share_prompt and ids.shape[1] > 1:  # a one-token prompt has nothing to share
         kwargs[lm._cache_kwarg] = prefill_cache(lm, ids, mask, n)
         ids, mask = ids.repeat_interleave(n, 0), mask.repeat_interleave(n, 0)
-    else:
-        kwargs["num_return_sequences"] = n
+    elif n > 1:
+        config = copy.deepcopy(config)  # in the config: generate warns on config + kwargs
+        config.num_return_sequences = n
     return lm.model.generate(
         input_ids=ids, attention_mask=mask, generation_config=config, logits_processor=processors,
         stopping_criteria=StoppingCriteriaList([AnswerStop(stop)]), **kwargs,
@@ -189,7 +192,7 @@ def generate_batch(
 
 
 def _batches(n_items: int, batch_size: int, desc: str) -> Any:
-    from tqdm.auto import tqdm
+    from tqdm import tqdm
 
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
@@ -261,5 +264,6 @@ def _greedy_rows(lm: Any, gen: torch.Tensor, scores: tuple, stop: torch.Tensor) 
         hits = ends[b].nonzero()
         k = int(hits[0]) + 1 if hits.numel() else gen.shape[1]
         text = lm.tokenizer.decode(gen[b, :k].tolist(), skip_special_tokens=True)
-        rows.append(GreedyAnswer(text=answer_text(text), token_logprobs=chosen[b, :k].tolist()))
+        rows.append(GreedyAnswer(text=answer_text(text), token_logprobs=chosen[b, :k].tolist(),
+                                 token_ids=gen[b, :k].tolist()))
     return rows
