@@ -3,7 +3,7 @@
     python -m bench.sampling [--quick] [--model smollm2|tiny] [--n-questions 16] [--n 20]
 
 TriviaQA questions (`apps.calm_llm.data.open_qa.load_open_qa("trivia_qa")`), each prompt the
-chat template around "Answer the question with a short answer.\\nQuestion: {q}", n samples per
+app's (`apps.calm_llm.open_qa.run.INSTRUCTION` in the chat template), n samples per
 question at temperature 1.0, top-p 1.0, at most 16 new tokens, timed side by side in one process
 (round-robin, `harness.time_alternating`):
 
@@ -27,13 +27,15 @@ import torch
 
 from . import harness
 
-INSTRUCTION = "Answer the question with a short answer.\nQuestion: {q}"
-
-
 def prompts_for(tokenizer: Any, questions: list[str]) -> list[str]:
-    """The chat-templated prompts (system prompt as the template writes it, generation prompt)."""
-    return [tokenizer.apply_chat_template([{"role": "user", "content": INSTRUCTION.format(q=q)}],
-                                          tokenize=False, add_generation_prompt=True) for q in questions]
+    """The app's open-QA prompts: its instruction in the chat template (or, for a tokenizer
+    without one such as the tiny model's, the Alpaca template), as ``--task open_qa`` asks."""
+    from apps.calm_llm.data import Collator
+    from apps.calm_llm.open_qa.run import INSTRUCTION, prompt_text
+
+    style = "chat" if getattr(tokenizer, "chat_template", None) else "paper"
+    collator = Collator(tokenizer, mode="cloze", prompt_style=style)
+    return [prompt_text(collator, INSTRUCTION.format(question=q)) for q in questions]
 
 
 def n_calls(lm: Any, prompts: list[str], *, n: int, max_new_tokens: int, batch_size: int, seed: int) -> int:
