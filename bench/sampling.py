@@ -27,6 +27,7 @@ import torch
 
 from . import harness
 
+
 def prompts_for(tokenizer: Any, questions: list[str]) -> list[str]:
     """The app's open-QA prompts: its instruction in the chat template (or, for a tokenizer
     without one such as the tiny model's, the Alpaca template), as ``--task open_qa`` asks."""
