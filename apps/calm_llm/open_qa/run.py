@@ -31,7 +31,7 @@ from calibration import semantic
 from .. import distributed, export, sampling, scoring
 from .. import methods as method_registry
 from .. import model as model_lib
-from ..config import Config, data_files, data_hub, split_seed
+from ..config import Config, data_files, data_hub, needs_second_order, split_seed
 from ..data import Collator, batch_iterator, make_splits
 from ..data.open_qa import OpenQAExample, load_open_qa
 from ..data.schema import InstructionExample
@@ -188,7 +188,7 @@ def build(state: OpenQARun, splits: Any) -> OpenQAEval:
     torch.manual_seed(cfg.seed)
     device = model_lib.resolve_device(distributed.device_for(state.dist, cfg.device))
     log(f"loading model {cfg.model.name_or_path!r} on {device}", state.dist)
-    lm = model_lib.load(cfg.model, device=device, eager=config_needs_eager(cfg), seed=cfg.seed,
+    lm = model_lib.load(cfg.model, device=device, eager=needs_second_order(cfg), seed=cfg.seed,
                         dist=state.dist)
     collator = Collator(lm.tokenizer, mode="cloze", prompt_style=cfg.data.prompt_style,
                         max_length=cfg.model.max_length, max_options=cfg.data.max_options)
@@ -199,12 +199,6 @@ def build(state: OpenQARun, splits: Any) -> OpenQAEval:
     eval_sets = [EvalSet(n, "id", ex) for n, ex in splits.test.items()]
     eval_sets += [EvalSet(n, "ood", ex) for n, ex in splits.ood.items()]
     return OpenQAEval(ctx, eval_sets, lm.inner_state(), cluster_backend(cfg))
-
-
-def config_needs_eager(cfg: Config) -> bool:
-    from ..config import needs_second_order
-
-    return needs_second_order(cfg)
 
 
 # -- one method ----------------------------------------------------------------------------------
@@ -219,14 +213,17 @@ def run_method(state: OpenQARun, ev: OpenQAEval, info: method_registry.MethodInf
     if info.trains:
         train_method(method, ctx, run_dir=state.run_dir, config_hash=state.config_hash,
                      resume=bool(state.cfg.resume))
-    method.after_training(lambda _examples: gold_token_logits(ctx, ctx.calib_examples))
+    # the trained model's gold-answer logits on the calibration split: the ts fit and every
+    # pass's calib_nll read them (α and 1/T act after the model, so one forward serves all)
+    calib = gold_token_logits(ctx, ctx.calib_examples)
+    method.after_training(lambda _examples: calib)
     passes = [(row, contextlib.nullcontext())]
     if info.trains and info.learns_alpha and state.cfg.calm.eval_without_alpha \
             and method.alpha_in_use:
         passes.append((f"{row}:no_alpha", method.without_alpha()))
     for name, scope in passes:
         with scope:
-            evaluate_pass(state, ev, method, name)
+            evaluate_pass(state, ev, method, name, calib)
         state.write()
     if info.trains:
         export.export_method(state.run_dir / "export" / row, ctx.lm, method)
@@ -235,11 +232,12 @@ def run_method(state: OpenQARun, ev: OpenQAEval, info: method_registry.MethodInf
     log(f"[{row}] done in {time.time() - t0:.0f}s: {accs}", state.dist)
 
 
-def evaluate_pass(state: OpenQARun, ev: OpenQAEval, method: Method, name: str) -> None:
+def evaluate_pass(state: OpenQARun, ev: OpenQAEval, method: Method, name: str,
+                  calib: tuple[torch.Tensor, torch.Tensor]) -> None:
     """Answer every evaluation set with the method as it predicts now (α on or off) as row
     ``name``; the calibration split's gold-answer NLL is recorded beside the metrics."""
     cfg = state.cfg
-    extras = {**method.extras, "calib_nll": calib_nll(ev.ctx, method)}
+    extras = {**method.extras, "calib_nll": calib_nll(method, *calib)}
     state.results[name], state.records[name] = {}, {}
     for es in ev.eval_sets:
         t0 = time.time()
@@ -266,10 +264,10 @@ def gold_token_logits(ctx: Context, examples: list[InstructionExample]) -> tuple
     return torch.cat(zs), torch.cat(ys)
 
 
-def calib_nll(ctx: Context, method: Method) -> float:
+def calib_nll(method: Method, z: torch.Tensor, y: torch.Tensor) -> float:
     """Mean token NLL of the calibration split's gold answers under the method's model as it
-    generates (its logits processors applied): lower is better, no test data read."""
-    z, y = gold_token_logits(ctx, ctx.calib_examples)
+    generates (its logits processors applied to ``z`` (M, V), the `gold_token_logits` of the
+    trained model, against ``y`` (M,)): lower is better, no test data read."""
     for p in method.generation_processors():
         z = p(None, z)
     return float(F.cross_entropy(z.float(), y))
