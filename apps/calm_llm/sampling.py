@@ -14,12 +14,24 @@ Prompts are full strings (already chat-templated). They are tokenized as
 `data.collate.Collator.encode` does: no special tokens added by the tokenizer, the tokenizer's
 leading special ids (BOS) put in front unless the text already starts with them.
 
-Prompt sharing (``share_prompt=True``): a batch's prompts are prefilled once, without their last
-token, the KV cache is repeated n times per question, and ``generate`` continues from it (it
-feeds the last prompt token, then samples), so the prompt costs one forward rather than n.
-``share_prompt=False`` is the reference path: ``num_return_sequences=n``, which expands the
-inputs before the prefill. Both take position ids from the left-padded attention mask
-(``cumsum - 1``, padding at 0), as ``generate`` does.
+Two engines:
+
+- `decode` (what `sample_answers` and `greedy_answers` use): this module's own decoding loop. A
+  batch's prompts are prefilled once (B rows), their next-token logits and KV cache are repeated
+  n times per question, and every step feeds only the rows that are still answering: a row that
+  produced its end-of-answer token leaves the batch (its cache rows are dropped with
+  ``batch_select_indices``). ``generate`` instead keeps every row to the end of the batch,
+  padding the finished ones, so a batch of 8 questions × 20 samples costs ``max_new_tokens``
+  steps of 160 rows as soon as one sample rambles (docs/performance.md §5).
+- `generate_batch`: one Hugging Face ``generate`` call, the reference the loop is tested
+  against; ``share_prompt=True`` prefills the prompts without their last token and continues from
+  the repeated cache, ``share_prompt=False`` uses ``num_return_sequences=n``, which expands the
+  inputs before the prefill (what `sample_answers(share_prompt=False)` runs).
+
+Both take position ids from the left-padded attention mask (``cumsum - 1``, padding at 0), as
+``generate`` does, and draw a sample as it does (``multinomial(softmax(scores))`` over the rows
+of the step); the loop's random stream differs from ``generate``'s only because finished rows
+no longer draw.
 """
 
 from __future__ import annotations
@@ -191,6 +203,67 @@ def generate_batch(
     )
 
 
+@dataclass
+class Decoded:
+    """Per row of `decode` (B·n rows, grouped by prompt): the generated ids up to and including
+    the end-of-answer token, or ``max_new_tokens`` ids when none came; with ``logprobs``, log p of
+    each under the processed distribution (log-softmax of the scores after the processors)."""
+
+    token_ids: list[list[int]]
+    token_logprobs: list[list[float]] | None = None
+
+
+def decode(
+    lm: Any, ids: torch.Tensor, mask: torch.Tensor, *, n: int, processors: LogitsProcessorList,
+    do_sample: bool, max_new_tokens: int, stop: torch.Tensor, logprobs: bool = False,
+) -> Decoded:
+    """n continuations of each of B left-padded prompts (B, L), finished rows leaving the batch.
+
+    Step t feeds the R_t rows still answering, one token each, against the KV cache:
+    scores = processors(ids so far (R_t, L + t), logits (R_t, V) in float32), then a draw
+    ``multinomial(softmax(scores))`` (``do_sample``) or ``argmax``; a row whose token is in
+    ``stop`` (V,) is done. Cost ∝ Σ_t R_t rather than ``generate``'s B·n × (longest answer).
+    Call under ``no_grad`` in eval mode (the callers do).
+    """
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    model, key = lm.model, lm._cache_kwarg
+    out = model(input_ids=ids, attention_mask=mask, position_ids=position_ids(mask),
+                use_cache=True, logits_to_keep=1)
+    cache, logits = getattr(out, key), out.logits[:, -1].float()
+    if n > 1:  # the prompt is computed once per question, its cache shared by the n samples
+        cache.batch_repeat_interleave(n)
+        logits, ids, mask = (x.repeat_interleave(n, 0) for x in (logits, ids, mask))
+    stop = stop.to(ids.device)
+    rows = torch.arange(ids.shape[0], device=ids.device)  # the original row of each active row
+    pos = mask.long().sum(-1)  # next position of each row (left padding: the count of tokens)
+    got: list[list[int]] = [[] for _ in range(ids.shape[0])]
+    got_lp: list[list[float]] = [[] for _ in range(ids.shape[0])]
+    for t in range(max_new_tokens):
+        scores = processors(ids, logits)
+        tok = (torch.multinomial(scores.softmax(-1), 1).squeeze(1) if do_sample
+               else scores.argmax(-1))
+        for r, v in zip(rows.tolist(), tok.tolist()):
+            got[r].append(v)
+        if logprobs:
+            lp = scores.log_softmax(-1).gather(1, tok[:, None]).squeeze(1)
+            for r, v in zip(rows.tolist(), lp.tolist()):
+                got_lp[r].append(v)
+        going = ~stop[tok]
+        if t == max_new_tokens - 1 or not bool(going.any()):
+            break
+        if not bool(going.all()):
+            keep = going.nonzero().squeeze(1)
+            cache.batch_select_indices(keep)
+            rows, ids, mask, pos, tok = rows[keep], ids[keep], mask[keep], pos[keep], tok[keep]
+        ids = torch.cat([ids, tok[:, None]], 1)
+        mask = torch.cat([mask, mask.new_ones((mask.shape[0], 1))], 1)
+        out = model(input_ids=tok[:, None], attention_mask=mask, position_ids=pos[:, None],
+                    use_cache=True, **{key: cache})
+        cache, logits, pos = getattr(out, key), out.logits[:, -1].float(), pos + 1
+    return Decoded(got, got_lp if logprobs else None)
+
+
 def _batches(n_items: int, batch_size: int, desc: str) -> Any:
     from tqdm import tqdm
 
@@ -208,7 +281,8 @@ def sample_answers(
 ) -> list[list[str]]:
     """n sampled answers (`answer_text`) per prompt: ``out[i]`` has n strings for ``prompts[i]``.
 
-    Each batch of ``batch_size`` prompts (B·n sequences) is one ``generate`` call. Deterministic
+    Each batch of ``batch_size`` prompts (B·n sequences) is one `decode` (``share_prompt``, the
+    default) or one ``generate`` call with ``num_return_sequences`` (the reference). Deterministic
     for a fixed ``seed`` and fixed batches (the global RNG is seeded inside a fork, so the
     caller's RNG state is untouched); another ``batch_size`` or order draws other samples, since
     the random stream is consumed across the whole batch. Eval mode and no_grad inside; the
@@ -226,9 +300,13 @@ def sample_answers(
         torch.manual_seed(seed)
         for lo in _batches(len(encoded), batch_size, desc):
             ids, mask = left_pad(encoded[lo:lo + batch_size], pad, lm.device)
-            res = generate_batch(lm, ids, mask, n=n, config=config, processors=plist,
-                                 share_prompt=share_prompt, stop=stop)
-            texts = lm.tokenizer.batch_decode(res.sequences[:, ids.shape[1]:], skip_special_tokens=True)
+            if share_prompt:
+                gen = decode(lm, ids, mask, n=n, processors=plist, do_sample=True,
+                             max_new_tokens=max_new_tokens, stop=stop).token_ids
+            else:
+                gen = generate_batch(lm, ids, mask, n=n, config=config, processors=plist,
+                                     share_prompt=False, stop=stop).sequences[:, ids.shape[1]:]
+            texts = lm.tokenizer.batch_decode(gen, skip_special_tokens=True)
             out.extend([answer_text(t) for t in texts[i:i + n]] for i in range(0, len(texts), n))
     return out
 
@@ -238,32 +316,17 @@ def greedy_answers(
     batch_size: int = 8, desc: str = "greedy",
 ) -> list[GreedyAnswer]:
     """The greedy answer of each prompt under ``processors``, with its token log-probabilities
-    (see `GreedyAnswer`). Eval mode and no_grad inside; train/eval mode restored after."""
+    (see `GreedyAnswer`), by `decode`. Eval mode and no_grad inside; train/eval mode restored."""
     encoded = encode_prompts(lm.tokenizer, prompts)
-    config = generation_config(lm, do_sample=False, max_new_tokens=max_new_tokens, scores=True)
     plist = processor_list(processors)
     stop, pad = stop_mask(lm), _pad_id(lm.tokenizer)
     out: list[GreedyAnswer] = []
     with lm.mode(False), torch.no_grad():
         for lo in _batches(len(encoded), batch_size, desc):
             ids, mask = left_pad(encoded[lo:lo + batch_size], pad, lm.device)
-            res = generate_batch(lm, ids, mask, n=1, config=config, processors=plist,
-                                 share_prompt=False, stop=stop)
-            out.extend(_greedy_rows(lm, res.sequences[:, ids.shape[1]:], res.scores, stop))
+            res = decode(lm, ids, mask, n=1, processors=plist, do_sample=False,
+                         max_new_tokens=max_new_tokens, stop=stop, logprobs=True)
+            for tok, lp in zip(res.token_ids, res.token_logprobs or []):
+                text = lm.tokenizer.decode(tok, skip_special_tokens=True)
+                out.append(GreedyAnswer(text=answer_text(text), token_logprobs=lp, token_ids=tok))
     return out
-
-
-def _greedy_rows(lm: Any, gen: torch.Tensor, scores: tuple, stop: torch.Tensor) -> list[GreedyAnswer]:
-    """GreedyAnswers of generated ids (B, T) and processed scores (T × (B, V)): each row cut
-    after its first end-of-answer token."""
-    logp = torch.stack(scores, 1).float().log_softmax(-1)  # (B, T, V)
-    chosen = logp.gather(-1, gen.unsqueeze(-1)).squeeze(-1).cpu()  # (B, T)
-    ends = stop.to(gen.device)[gen].cpu()  # (B, T) True at end-of-answer tokens
-    rows = []
-    for b in range(gen.shape[0]):
-        hits = ends[b].nonzero()
-        k = int(hits[0]) + 1 if hits.numel() else gen.shape[1]
-        text = lm.tokenizer.decode(gen[b, :k].tolist(), skip_special_tokens=True)
-        rows.append(GreedyAnswer(text=answer_text(text), token_logprobs=chosen[b, :k].tolist(),
-                                 token_ids=gen[b, :k].tolist()))
-    return rows

@@ -57,6 +57,68 @@ def test_shared_prompt_cache_equals_num_return_sequences(lm):
     torch.testing.assert_close(got.scores[0], raw, atol=1e-5, rtol=0)
 
 
+class NewlineAfterEven(LogitsProcessor):
+    """A row-dependent stop: a row whose last token id is even is forced to the newline next, so
+    rows of one batch end at different steps (and leave `decode`'s batch one by one)."""
+
+    def __init__(self, newline):
+        self.newline = newline
+
+    def __call__(self, input_ids, scores):
+        out = scores.clone()
+        even = input_ids[:, -1] % 2 == 0
+        out[even] = float("-inf")
+        out[even, self.newline] = 0.0
+        return out
+
+
+class BanStops(LogitsProcessor):
+    def __init__(self, stop):
+        self.stop = stop
+
+    def __call__(self, input_ids, scores):
+        return scores.masked_fill(self.stop[: scores.shape[-1]], float("-inf"))
+
+
+def _cut(row, stop):
+    """Generated ids up to and including the first end-of-answer token."""
+    hits = stop[row].nonzero()
+    return row[: int(hits[0]) + 1] if hits.numel() else row
+
+
+def test_decode_drops_finished_rows_and_equals_generate_greedy(lm):
+    (nl,) = lm.tokenizer("\n", add_special_tokens=False)["input_ids"]
+    procs = [_Scale(0.7), NewlineAfterEven(nl)]
+    ref = _run(lm, n=2, share=True, do_sample=False, max_new_tokens=8, processors=procs)
+    ids, mask = _padded(lm, PROMPTS)
+    stop = S.stop_mask(lm)
+    with torch.no_grad():
+        got = S.decode(lm, ids, mask, n=2, processors=S.processor_list(procs), do_sample=False,
+                       max_new_tokens=8, stop=stop, logprobs=True)
+    logp = torch.stack(ref.scores, 1).log_softmax(-1)  # (B·n, T, V)
+    lengths = set()
+    for r, (tok, lp) in enumerate(zip(got.token_ids, got.token_logprobs)):
+        want = _cut(ref.sequences[r, ids.shape[1]:], stop)
+        assert tok == want.tolist()
+        ref_lp = logp[r, torch.arange(len(tok)), want]
+        torch.testing.assert_close(torch.tensor(lp), ref_lp, atol=1e-5, rtol=0)
+        lengths.add(len(tok))
+    assert len(lengths) > 1  # rows did leave the batch at different steps
+
+
+def test_decode_samples_what_generate_samples_while_no_row_has_ended(lm):
+    """The same seed draws the same tokens as ``generate`` on the shared cache as long as every
+    row is still answering (here: no end-of-answer token is allowed)."""
+    procs = [BanStops(S.stop_mask(lm))]
+    ref = _run(lm, n=3, share=True, do_sample=True, max_new_tokens=6, processors=procs)
+    ids, mask = _padded(lm, PROMPTS)
+    with torch.no_grad():
+        torch.manual_seed(0)
+        got = S.decode(lm, ids, mask, n=3, processors=S.processor_list(procs), do_sample=True,
+                       max_new_tokens=6, stop=S.stop_mask(lm))
+    assert got.token_ids == ref.sequences[:, ids.shape[1]:].tolist()
+
+
 def test_n_answers_per_prompt_and_seeded(lm):
     kw = dict(n=3, temperature=1.0, top_p=1.0, max_new_tokens=5, batch_size=2)
     a = S.sample_answers(lm, PROMPTS, seed=0, **kw)
