@@ -269,8 +269,11 @@ class OpenQAConfig:
                          "open QA: NLI classifier for --cluster nli (hub name or folder)")
     match: str = opt("contains", "open QA: an answer is right when its normalized form contains "
                                  "a gold alias as whole words (contains; untrained small models "
-                                 "answer in sentences) or equals one (exact, TriviaQA's)",
-                     choices=("exact", "contains"))
+                                 "answer in sentences) or equals one (exact, TriviaQA's); judge: "
+                                 "an LLM (--judge-model) decides what exact match does not",
+                     choices=("exact", "contains", "judge"))
+    judge_model: str = opt("", "open QA: the causal LM that judges answers for --match judge "
+                               "(hub name, folder, or smollm2/tiny offline)")
     split_half_splits: int = opt(10, "open QA: random half-splits of the split-half confidence")
     verbalized: bool = opt(True, "open QA: also ask the model for a 0-100 confidence in its "
                                  "greedy answer (a baseline)")
@@ -757,6 +760,10 @@ def _check_open_qa(cfg: Config, files: dict[str, str], hub: dict[str, str]) -> N
            "--max-new-tokens and --gen-batch-size: must be at least 1")
     _check(0 < q.cluster_threshold <= 1, "--cluster-threshold: must be in (0, 1]")
     _check(q.split_half_splits >= 1, "--split-half-splits: must be at least 1")
+    _check((q.match == "judge") == bool(q.judge_model),
+           "--match judge needs --judge-model NAME (a hub name, folder, smollm2 or tiny)"
+           if q.match == "judge" else
+           f"--judge-model is read only with --match judge (got --match {q.match})")
     table = _methods().TABLE
     for m in cfg.methods:
         _check(m not in table or "open_qa" in table[m].tasks,

@@ -87,7 +87,24 @@ def test_killed_and_resumed_run_matches_uninterrupted(full_run, tmp_path, monkey
     (["--n-samples", "1"], "--n-samples"),
     (["--alpha-acts", "options"], "answers have no options"),
     (["--top-p", "0"], "--top-p"),
+    (["--match", "judge"], "--match judge needs --judge-model"),
+    (["--judge-model", "tiny"], "--judge-model is read only with --match judge"),
 ])
 def test_bad_open_qa_options_are_named(args, message, capsys):
     assert main([*BASE, *args]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_an_llm_judge_decides_what_alias_matching_does_not(full_run, tmp_path):
+    """--match judge on the tiny model: the same samples as the alias-matched run; an answer
+    equal to an alias is right, and every other verdict is the judge's."""
+    from apps.calm_llm.open_qa.judge import LLMJudge, judge_answers
+
+    assert main([*BASE, "--methods", "ts", "--match", "judge", "--judge-model", "tiny",
+                 "--out", str(tmp_path)]) == 0
+    got, ref = score.read_records(tmp_path)["ts"], score.read_records(full_run)["ts"]
+    judge = LLMJudge.load("tiny")
+    for ds in ref:
+        assert [r.samples for r in got[ds]] == [r.samples for r in ref[ds]]
+        items = [(r.question, r.modal_answer, r.answers) for r in got[ds]]
+        assert [r.modal_correct for r in got[ds]] == judge_answers(items, "judge", judge)

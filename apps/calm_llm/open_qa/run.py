@@ -46,6 +46,7 @@ from ..train import (
     train_method,
 )
 from . import score
+from .judge import LLMJudge, judge_answers
 
 INSTRUCTION = "Answer the question with a short answer.\nQuestion: {question}"
 VERBALIZED = ("Question: {question}\nProposed answer: {answer}\nHow confident are you that the "
@@ -120,6 +121,7 @@ class OpenQAEval:
     eval_sets: list[EvalSet]
     init_lora: dict[str, torch.Tensor]
     backend: semantic.ClusterBackend
+    judge: LLMJudge | None = None  # --match judge
 
 
 def run(cfg: Config) -> dict[str, Any]:
@@ -198,7 +200,9 @@ def build(state: OpenQARun, splits: Any) -> OpenQAEval:
                   train_collator=collator, option_token_ids=None, dist=state.dist)
     eval_sets = [EvalSet(n, "id", ex) for n, ex in splits.test.items()]
     eval_sets += [EvalSet(n, "ood", ex) for n, ex in splits.ood.items()]
-    return OpenQAEval(ctx, eval_sets, lm.inner_state(), cluster_backend(cfg))
+    judge = (LLMJudge.load(cfg.open_qa.judge_model, device=lm.device, dtype=cfg.model.dtype)
+             if cfg.open_qa.match == "judge" else None)
+    return OpenQAEval(ctx, eval_sets, lm.inner_state(), cluster_backend(cfg), judge)
 
 
 # -- one method ----------------------------------------------------------------------------------
@@ -295,21 +299,26 @@ def answer_questions(ev: OpenQAEval, method: Method, es: EvalSet, desc: str) -> 
         replies = [g.text for g in sampling.greedy_answers(
             lm, vprompts, max_new_tokens=VERBALIZED_TOKENS, processors=procs,
             batch_size=q.gen_batch_size, desc=f"{desc} verbalized")]
-    return [make_record(ex, s, g, reply, ev.backend, q.match)
-            for ex, s, g, reply in zip(es.examples, samples, greedy, replies)]
+    clusters = [ev.backend.cluster(s, question=ex.question) for ex, s in zip(es.examples, samples)]
+    modal = [semantic.modal_answer(s, ids) for s, ids in zip(samples, clusters)]
+    # the modal and greedy answers of every question judged in one pass (one batched judge call)
+    items = [(ex.question, a, ex.answers) for ex, a in zip(es.examples, modal)] + \
+            [(ex.question, g.text, ex.answers) for ex, g in zip(es.examples, greedy)]
+    right = judge_answers(items, q.match, ev.judge)
+    n = len(es.examples)
+    return [make_record(ex, s, ids, m, g, reply, mc, gc) for ex, s, ids, m, g, reply, mc, gc
+            in zip(es.examples, samples, clusters, modal, greedy, replies, right[:n], right[n:])]
 
 
-def make_record(ex: OpenQAExample, samples: list[str], greedy: Any, reply: str | None,
-                backend: semantic.ClusterBackend, match: str) -> score.QuestionRecord:
-    """One question's record: clusters, the modal answer and both answers judged."""
-    ids = backend.cluster(samples, question=ex.question)
-    modal = semantic.modal_answer(samples, ids)
+def make_record(ex: OpenQAExample, samples: list[str], cluster_ids: list[int], modal: str,
+                greedy: Any, reply: str | None, modal_correct: bool,
+                greedy_correct: bool) -> score.QuestionRecord:
+    """One question's record: clusters, the modal answer and both answers with their verdicts."""
     return score.QuestionRecord(
         id=ex.id, question=ex.question, answers=list(ex.answers), samples=list(samples),
-        cluster_ids=list(ids), modal_answer=modal,
-        modal_correct=semantic.matches(modal, ex.answers, mode=match),
+        cluster_ids=list(cluster_ids), modal_answer=modal, modal_correct=modal_correct,
         greedy=greedy.text, greedy_logprobs=list(greedy.token_logprobs),
-        greedy_correct=semantic.matches(greedy.text, ex.answers, mode=match),
+        greedy_correct=greedy_correct,
         verbalized_reply=reply,
         verbalized=None if reply is None else semantic.parse_verbalized_confidence(reply),
     )
