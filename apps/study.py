@@ -87,6 +87,9 @@ CALM_DYNAMICS = Study(
                 note="BOME as analysed: plain SGD on the joint direction"),
         Variant("soft_ece", ("calm",), ("--upper-loss", "soft_ece", "--upper-objective", "options"),
                 note="extension: soft-binned ECE of the option distribution as upper loss"),
+        Variant("select_eta", ("calm",), ("--select", "eta=0.1,0.5,0.9"), seeds=(0,),
+                note="eta chosen by calibration-split NLL among 0.1, 0.5, 0.9 (one seed: three "
+                     "CALM trainings per cell)"),
     ),
     # measured in this study's cells (2026-12-03): sft 1.5 s, calm 6.8 s per step; 0.15 s per
     # scored question (SciQ 0.11, ARC-Easy 0.2)
@@ -126,9 +129,20 @@ def _steps(study: Study) -> int:
 def estimate_s(study: Study, cell: Cell) -> float:
     """Estimated seconds of a cell from the study's measured costs."""
     family = {m: "calm" if m.startswith("calm") else m for m in cell.variant.methods}
-    train = sum(study.step_s.get(family[m], 0.0) for m in cell.variant.methods) * _steps(study)
+    trains = [m for m in cell.variant.methods if study.step_s.get(family[m], 0.0) > 0]
+    # --select K=V1,V2 ...: every point of the grid trains (and is scored) once per trained method
+    grid = 1
+    args = list(cell.variant.args)
+    if "--select" in args:
+        for entry in args[args.index("--select") + 1:]:
+            if entry.startswith("--"):
+                break
+            grid *= len(entry.split("=", 1)[1].split(","))
+    train = sum(study.step_s.get(family[m], 0.0) * (grid if m in trains else 1)
+                for m in cell.variant.methods) * _steps(study)
     # every method is scored on test + OOD + calib; calm also without alpha
-    scored = sum(2 if m.startswith("calm") else 1 for m in cell.variant.methods)
+    scored = sum((2 if m.startswith("calm") else 1) * (grid if m in trains else 1)
+                 for m in cell.variant.methods)
     return study.run_s + train + scored * study.questions * study.question_s
 
 
