@@ -191,8 +191,12 @@ def train_method(
     last_good = str(ckpt_dir) if checkpoint.exists(ckpt_dir) else "none (no checkpoint yet)"
     bar = tqdm(range(start, cfg.train.steps), desc=method.name, initial=start,
                total=cfg.train.steps, disable=not ctx.dist.main, file=sys.stderr)
+    cuda = ctx.lm.device.type == "cuda"
+    if cuda:  # the peak recorded below is this method's own
+        torch.cuda.reset_peak_memory_stats(ctx.lm.device)
     with ctx.lm.mode(True):
         for k in bar:
+            t0 = time.perf_counter()
             try:
                 info = method.step(k)
             except FloatingPointError as e:  # bilevel's solvers check their objectives each step
@@ -206,7 +210,12 @@ def train_method(
                     f"[{method.name}] non-finite loss ({loss}) at step {k + 1}; "
                     f"last good checkpoint: {last_good}"
                 )
-            history.append({"step": k + 1, **{key: float(v) for key, v in info.items()}})
+            # cost of the step on record (what studies and GPU estimates are sized from); the
+            # loss read above has synchronised the device
+            cost = {"step_seconds": time.perf_counter() - t0}
+            if cuda:
+                cost["max_memory_gib"] = torch.cuda.max_memory_allocated(ctx.lm.device) / 2**30
+            history.append({"step": k + 1, **{key: float(v) for key, v in info.items()}, **cost})
             record.append(history[-1])
             bar.set_postfix(loss=f"{loss:.4f}")
             done = k + 1
