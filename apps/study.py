@@ -4,6 +4,7 @@ cells and summarised over seeds.
     python -m apps.study calm-dynamics --dry-run      # the cells and their estimated time
     python -m apps.study calm-dynamics                # run (again: finished cells are skipped)
     python -m apps.study calm-dynamics --summarize    # study.json + study.md from finished cells
+    python -m apps.study calm-dynamics --publish docs/results/calm-dynamics   # the small files
 
 Each cell is a run directory ``<root>/<variant>-seed<k>`` made by ``python -m apps.calm_llm``
 in a subprocess, so a study can be killed at any time: a cell that was interrupted is resumed
@@ -201,9 +202,11 @@ def run(study: Study, root: Path, *, dry_run: bool = False, python: str = sys.ex
 
 # -- summary -------------------------------------------------------------------------------------
 def _predictions(run_dir: Path) -> dict[str, Any]:
+    """The cell's saved option probabilities, or ``{}`` for a published cell kept without them."""
     from safetensors.torch import load_file
 
-    return load_file(str(run_dir / "predictions.safetensors"))
+    f = run_dir / "predictions.safetensors"
+    return load_file(str(f)) if f.is_file() else {}
 
 
 def pooled_interval(probs: list[np.ndarray], labels: np.ndarray, *, n_boot: int = 1000,
@@ -287,8 +290,36 @@ def _dynamics_table(summary: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _carry_forward(rows: dict[str, dict[str, Any]], previous: dict[str, Any]) -> None:
+    """Keep the question-level numbers (pooled interval, paired differences) of an earlier
+    ``study.json`` for the rows whose predictions are no longer on disk, when the rows (and the
+    baseline they were paired with) still hold the same seeds; each is listed in ``carried``."""
+    old = previous.get("rows", {})
+    for key, entry in rows.items():
+        before = old.get(key)
+        if before is None or before.get("seeds") != entry["seeds"]:
+            continue
+        for ds, d in entry["datasets"].items():
+            b = before.get("datasets", {}).get(ds, {})
+            if "conf_ece_pooled_ci" not in d and "conf_ece_pooled_ci" in b:
+                d["conf_ece_pooled_ci"] = b["conf_ece_pooled_ci"]
+                d.setdefault("carried", []).append("conf_ece_pooled_ci")
+            for base, value in b.get("vs", {}).items():
+                same_base = old.get(base, {}).get("seeds") == rows.get(base, {}).get("seeds")
+                if base not in d["vs"] and same_base:
+                    d["vs"][base] = value
+                    d.setdefault("carried", []).append(f"vs {base}")
+
+
 def summarize(study: Study, root: Path, *, n_boot: int = 1000) -> dict[str, Any]:
-    """Collect finished cells into ``study.json`` and ``study.md`` under ``root``."""
+    """Collect finished cells into ``study.json`` and ``study.md`` under ``root``.
+
+    Cells kept without ``predictions.safetensors`` (published before it was kept) contribute
+    their metrics; their pooled intervals and paired differences come from the ``study.json``
+    already in ``root`` where its seeds match (marked ``carried``), else they are left out.
+    """
+    previous_file = root / "study.json"
+    previous = json.loads(previous_file.read_text()) if previous_file.is_file() else {}
     rows: dict[str, dict[str, Any]] = {}
     for c in cells(study):
         run_dir = root / c.name
@@ -319,6 +350,8 @@ def summarize(study: Study, root: Path, *, n_boot: int = 1000) -> dict[str, Any]
                     d["_labels"] = preds[f"{row}/{ds}/labels"].numpy()
     for entry in rows.values():
         for d in entry["datasets"].values():
+            if len(d["_probs"]) != len(entry["seeds"]):  # question-level numbers need every seed
+                d["_probs"] = []
             d["mean"] = {m: float(np.mean(v)) for m, v in d["values"].items()}
             d["std"] = {m: float(np.std(v, ddof=1)) if len(v) > 1 else 0.0
                         for m, v in d["values"].items()}
@@ -332,6 +365,7 @@ def summarize(study: Study, root: Path, *, n_boot: int = 1000) -> dict[str, Any]
                 if base != key and b is not None and d["_probs"] and b["_probs"]:
                     d["vs"][base] = paired_difference(d["_probs"], b["_probs"], d["_labels"],
                                                       n_boot=n_boot)
+    _carry_forward(rows, previous)
     for entry in rows.values():
         for d in entry["datasets"].values():
             del d["_probs"], d["_labels"]
@@ -359,7 +393,8 @@ def _metrics_table(summary: dict[str, Any], ds: str) -> list[str]:
             return f"{d['mean'][m]:.3f} ± {d['std'][m]:.3f}" if m in d["mean"] else "–"
 
         ci = d.get("conf_ece_pooled_ci")
-        ci_s = f"[{ci[0]:.3f}, {ci[1]:.3f}]" if ci else "–"
+        mark = "†" if "conf_ece_pooled_ci" in d.get("carried", ()) else ""
+        ci_s = f"[{ci[0]:.3f}, {ci[1]:.3f}]{mark}" if ci else "–"
         lines.append(f"| {key} | {len(e['seeds'])} | {cell('accuracy')} | {cell('conf_ece')} | "
                      f"{ci_s} | {cell('cw_ece')} | {cell('brier')} | {cell('nll')} | "
                      f"{cell('mean_confidence')} | {cell('calib_nll')} | {cell('calib_conf_ece')} |")
@@ -378,9 +413,10 @@ def _paired_table(summary: dict[str, Any], ds: str) -> list[str]:
         for b in bases:
             for m in ("conf_ece", "accuracy"):
                 v = vs.get(b, {}).get(m)
+                mark = "†" if f"vs {b}" in e["datasets"].get(ds, {}).get("carried", ()) else ""
                 cells.append("–" if v is None else
                              f"{v['diff']:+.3f} [{v['ci'][0]:+.3f}, {v['ci'][1]:+.3f}] "
-                             f"p={v['p_not_better']:.2f}")
+                             f"p={v['p_not_better']:.2f}{mark}")
         lines.append(f"| {key} | " + " | ".join(cells) + " |")
     return lines
 
@@ -400,6 +436,9 @@ def markdown(summary: dict[str, Any]) -> str:
         if paired:
             lines += ["Paired on the same questions (row minus baseline, 95% interval, p = share "
                       "of resamples where the row is not better):", "", *paired, ""]
+    if any(d.get("carried") for e in summary["rows"].values() for d in e["datasets"].values()):
+        lines += ["† carried from the previous summary: the cell's predictions were not kept, its "
+                  "seeds (and the baseline's) are unchanged.", ""]
     dyn = _dynamics_table(summary)
     if dyn:
         lines += ["## Training dynamics (mean over seeds)", "", *dyn, ""]
@@ -411,6 +450,34 @@ def markdown(summary: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+# what a published cell keeps: its inputs, its numbers, its curves, and the option probabilities
+# the pooled intervals and paired tests are computed from (~10 KB per cell); no checkpoints
+PUBLISHED = ("config.json", "metrics.json", "results.md", "predictions.safetensors")
+
+
+def publish(study: Study, root: Path, dest: Path) -> list[Path]:
+    """Copy the small files of every finished cell, ``study.json``/``study.md`` and
+    ``cells.jsonl`` from ``root`` to ``dest`` (e.g. ``docs/results/<study>``); returns the
+    files written."""
+    import shutil
+
+    written = []
+    for c in cells(study):
+        src = root / c.name
+        if not done(src, c):
+            continue
+        names = [*PUBLISHED, *sorted(p.name for p in src.glob("history_*.jsonl"))]
+        for name in names:
+            if (src / name).is_file():
+                (dest / c.name).mkdir(parents=True, exist_ok=True)
+                written.append(Path(shutil.copy2(src / name, dest / c.name / name)))
+    for name in ("study.json", "study.md", "cells.jsonl"):
+        if (root / name).is_file():
+            dest.mkdir(parents=True, exist_ok=True)
+            written.append(Path(shutil.copy2(root / name, dest / name)))
+    return written
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m apps.study", description=__doc__.split("\n\n")[0])
     ap.add_argument("name", choices=sorted(STUDIES))
@@ -419,9 +486,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--summarize", action="store_true",
                     help="only write study.json/study.md from the finished cells")
     ap.add_argument("--n-boot", type=int, default=1000, help="resamples of the pooled interval")
+    ap.add_argument("--publish", default="", metavar="DEST",
+                    help="copy the finished cells' small files and the summary to DEST "
+                         "(e.g. docs/results/NAME) and exit")
     a = ap.parse_args(argv)
     study = STUDIES[a.name]
     root = Path(a.root or f"runs/study-{study.name}")
+    if a.publish:
+        written = publish(study, root, Path(a.publish))
+        print(f"{len(written)} files copied to {a.publish}")
+        return 0
     if a.summarize:
         summarize(study, root, n_boot=a.n_boot)
         print((root / "study.md").read_text())

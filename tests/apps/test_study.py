@@ -65,6 +65,26 @@ def test_cells_run_skip_and_summarize(tmp_path, capsys):
     assert vs["ci"][0] <= vs["ci"][1] and 0.0 <= vs["p_not_better"] <= 1.0
     assert "sft/sft" not in d["vs"]  # a baseline is not compared with itself
 
+    # publishing copies the small files only; a published study summarises again without its
+    # predictions, carrying the question-level numbers of the summary it was published with
+    dest = tmp_path / "published"
+    S.publish(TINY, root, dest)
+    assert {p.name for p in (dest / "sft-seed0").iterdir()} == {
+        "config.json", "metrics.json", "results.md", "predictions.safetensors", "history_sft.jsonl"}
+    assert {p.name for p in dest.iterdir() if p.is_file()} == {"study.json", "study.md", "cells.jsonl"}
+    for f in dest.glob("*/predictions.safetensors"):
+        f.unlink()
+    again = S.summarize(TINY, dest, n_boot=50)
+    d2 = again["rows"]["sft/sft"]["datasets"]["sciq"]
+    assert d2["mean"] == d["mean"] and d2["conf_ece_pooled_ci"] == list(d["conf_ece_pooled_ci"])
+    assert d2["carried"] == ["conf_ece_pooled_ci"]
+    assert again["rows"]["reference/none"]["datasets"]["sciq"]["vs"] == none["vs"]
+    assert "†" in (dest / "study.md").read_text()
+    # with no earlier summary there is nothing to carry: the metrics alone
+    (dest / "study.json").unlink()
+    bare = S.summarize(TINY, dest, n_boot=50)["rows"]["sft/sft"]["datasets"]["sciq"]
+    assert "conf_ece_pooled_ci" not in bare and bare["vs"] == {} and bare["mean"] == d["mean"]
+
 
 def test_pooled_interval_resamples_questions_jointly():
     rng = np.random.default_rng(0)
