@@ -64,6 +64,8 @@ class Study:
     description: str = ""
     # rows every other row is compared with, question by question ("variant/row")
     baselines: tuple[str, ...] = ()
+    # add a table of each set's accuracy against chance (a screen of which sets to keep)
+    chance_table: bool = False
 
 
 # the issue-9 comparison: CALM's old default, its new default, and the new settings beside SFT/TS
@@ -101,7 +103,22 @@ CALM_DYNAMICS = Study(
     baselines=("default/sft", "reference/ts"),
 )
 
-STUDIES: dict[str, Study] = {s.name: s for s in (CALM_DYNAMICS,)}
+# issue 13's first step: which sets the model is above chance on, zero-shot, before any training
+SCREEN_SETS = ("arc_easy", "arc_challenge", "openbookqa", "commonsense_qa", "mmlu", "medmcqa")
+LAPTOP_SCREEN = Study(
+    name="laptop-screen",
+    description="SmolLM2-135M-Instruct, cloze, zero-shot accuracy of every offline MCQA set "
+                "(300 test questions each; SciQ in-domain), split seed 0",
+    common=("--split-seed", "0", "--eval-calib", "--no-zero-shot", "--in-domain", "sciq",
+            "--out-of-domain", *SCREEN_SETS, "--n-test", "300", "--n-ood", "300"),
+    seeds=(0,),
+    variants=(Variant("zero_shot", ("none",), note="the model as given: nothing is trained"),),
+    # 0.11 s (SciQ) to ≈ 0.4 s (MMLU) per question; 7 sets × 300 + 100 calibration questions
+    step_s={"none": 0.0}, question_s=0.2, run_s=15.0, questions=2200,
+    chance_table=True,
+)
+
+STUDIES: dict[str, Study] = {s.name: s for s in (CALM_DYNAMICS, LAPTOP_SCREEN)}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -262,6 +279,23 @@ def paired_difference(probs_a: list[np.ndarray], probs_b: list[np.ndarray], labe
     return out
 
 
+def against_chance(probs: np.ndarray, labels: np.ndarray) -> dict[str, float]:
+    """Accuracy of one prediction against picking an option uniformly at random.
+
+    ``probs``: (N, K_max) option probabilities, zero-padded past each question's K_i options;
+    ``labels``: (N,). Chance accuracy is mean_i 1/K_i; under chance the number right has mean
+    Σ 1/K_i and variance Σ (1/K_i)(1 − 1/K_i), and ``z`` is the standardized number right. K_i
+    counts the nonzero probabilities, so an option whose probability underflows to 0 in float32
+    (≥ 100 nats below the best) is not counted: chance can only be overstated, never understated.
+    """
+    p = 1.0 / np.maximum((probs > 0).sum(axis=1), 1)
+    right = float((probs.argmax(axis=1) == labels).sum())
+    sd = float(np.sqrt(np.sum(p * (1 - p))))
+    n = labels.shape[0]
+    return {"n": n, "accuracy": right / n, "chance": float(p.mean()),
+            "z": (right - float(p.sum())) / sd if sd > 0 else 0.0}
+
+
 DYNAMICS_MEAN = ("lambda", "cos", "cos_outer", "cos_inner", "calib_entropy")
 DYNAMICS_LAST = ("alpha_tau_min", "alpha_tau_max", "alpha_l_min", "alpha_l_max", "alpha_moved")
 
@@ -357,6 +391,8 @@ def summarize(study: Study, root: Path, *, n_boot: int = 1000) -> dict[str, Any]
                         for m, v in d["values"].items()}
             if d["_probs"]:
                 d["conf_ece_pooled_ci"] = pooled_interval(d["_probs"], d["_labels"], n_boot=n_boot)
+                if study.chance_table:  # the first seed's prediction
+                    d["vs_chance"] = against_chance(d["_probs"][0], d["_labels"])
     for key, entry in rows.items():  # paired against the baselines, on the same questions
         for ds, d in entry["datasets"].items():
             d["vs"] = {}
@@ -375,7 +411,8 @@ def summarize(study: Study, root: Path, *, n_boot: int = 1000) -> dict[str, Any]
     out = {"study": study.name, "description": study.description, "rows": rows,
            "variants": {v.name: {"methods": list(v.methods), "args": list(v.args), "note": v.note}
                         for v in study.variants},
-           "common": list(study.common), "baselines": list(study.baselines)}
+           "common": list(study.common), "baselines": list(study.baselines),
+           "chance_table": study.chance_table}
     (root / "study.json").write_text(json.dumps(out, indent=1))
     (root / "study.md").write_text(markdown(out))
     return out
@@ -439,6 +476,19 @@ def markdown(summary: dict[str, Any]) -> str:
     if any(d.get("carried") for e in summary["rows"].values() for d in e["datasets"].values()):
         lines += ["† carried from the previous summary: the cell's predictions were not kept, its "
                   "seeds (and the baseline's) are unchanged.", ""]
+    if summary.get("chance_table"):
+        lines += ["## Accuracy against chance", "",
+                  "z = (right − expected right under chance) / its standard deviation; chance = "
+                  "mean over questions of 1 / (number of options).", "",
+                  "| variant / row | dataset | domain | questions | accuracy | chance | z |",
+                  "|---|---|---|---|---|---|---|"]
+        for key, e in summary["rows"].items():
+            for ds, d in e["datasets"].items():
+                c = d.get("vs_chance")
+                if c:
+                    lines.append(f"| {key} | {ds} | {d['domain']} | {c['n']} | {c['accuracy']:.3f} | "
+                                 f"{c['chance']:.3f} | {c['z']:+.1f} |")
+        lines.append("")
     dyn = _dynamics_table(summary)
     if dyn:
         lines += ["## Training dynamics (mean over seeds)", "", *dyn, ""]

@@ -18,6 +18,7 @@ TINY = S.Study(
     variants=(S.Variant("reference", ("none",), seeds=(0,)),
               S.Variant("sft", ("sft",), note="plain fine-tuning")),
     step_s={"sft": 1.0}, question_s=0.01, run_s=1.0, questions=24, baselines=("sft/sft",),
+    chance_table=True,
 )
 
 
@@ -58,6 +59,9 @@ def test_cells_run_skip_and_summarize(tmp_path, capsys):
     lo, hi = d["conf_ece_pooled_ci"]
     assert 0.0 <= lo <= hi <= 1.0
     assert "| sft/sft | 2 |" in (root / "study.md").read_text()
+    c = d["vs_chance"]  # the first seed's prediction against picking at random
+    assert c["n"] == 8 and c["accuracy"] == pytest.approx(per_seed[0]["sciq"]["accuracy"])
+    assert "## Accuracy against chance" in (root / "study.md").read_text()
     none = out["rows"]["reference/none"]["datasets"]["sciq"]
     assert none["std"]["accuracy"] == 0.0
     vs = none["vs"]["sft/sft"]["conf_ece"]
@@ -137,3 +141,15 @@ def test_every_cell_of_a_shipped_study_is_a_valid_run(name):
         cfg = C.parse_args(cell.argv(study))  # raises ConfigError naming a bad option
         assert cfg.seed == cell.seed and list(cfg.methods) == list(cell.variant.methods)
     assert S.estimate_s(study, S.cells(study)[0]) > 0
+
+
+def test_against_chance_counts_each_questions_options():
+    # two questions with 2 options, two with 4 (zero-padded); three of four right
+    probs = np.array([[0.9, 0.1, 0, 0], [0.3, 0.7, 0, 0], [0.1, 0.2, 0.3, 0.4], [0.7, 0.1, 0.1, 0.1]])
+    labels = np.array([0, 0, 3, 0])
+    c = S.against_chance(probs, labels)
+    p = np.array([0.5, 0.5, 0.25, 0.25])
+    assert c["n"] == 4 and c["accuracy"] == 0.75 and c["chance"] == pytest.approx(p.mean())
+    assert c["z"] == pytest.approx((3 - p.sum()) / np.sqrt(np.sum(p * (1 - p))))
+    # at chance on average: z = 0
+    assert S.against_chance(np.full((4, 2), 0.5) * [[1, 0.9]], np.array([0, 1, 0, 1]))["z"] == 0.0
