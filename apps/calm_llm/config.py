@@ -334,6 +334,10 @@ class Config:
         "none", "also log each training step to TensorBoard (runs/<dir>/tensorboard)",
         choices=("none", "tensorboard"),
     )
+    # {method: its options} of every registered method that declares an options dataclass
+    # (``MethodInfo.options``, e.g. a plugin's); flags ``--<method>-<field>``, file/config.json
+    # section ``plugin_options: {method: {field: value}}``
+    plugin_options: dict[str, Any] = field(default_factory=dict)
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
@@ -342,6 +346,13 @@ class Config:
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
+
+    def method_options(self, method: str) -> Any:
+        """The options dataclass of a method that declares one (``MethodInfo.options``)."""
+        if method not in self.plugin_options:
+            raise ConfigError(f"method {method!r} declares no options (registered with options: "
+                              f"{sorted(self.plugin_options)})")
+        return self.plugin_options[method]
 
     def hash(self) -> str:
         """sha256 of everything that changes what is trained and predicted (not where results go,
@@ -364,6 +375,10 @@ class Config:
             if self.task == "mcqa" and (sec == "open_qa" or f.name == "task"):
                 continue
             out[_flag(f)] = getattr(getattr(self, sec) if sec else self, f.name)
+        # a method's own options change results only when it runs (other runs keep their hash)
+        for method, obj, f in _plugin_fields(self):
+            if method in self.methods:
+                out[_plugin_flag(method, f)] = getattr(obj, f.name)
         return out
 
     def save(self, run_dir: str | Path) -> Path:
@@ -392,9 +407,12 @@ SECTIONS = ("model", "data", "train", "calm", "open_qa")
 
 
 def _leaf_fields() -> list[tuple[str | None, dataclasses.Field]]:
-    """(section or None, field) for every option, sections flattened."""
+    """(section or None, field) for every built-in option, sections flattened (the methods' own
+    options are `_plugin_fields`)."""
     out: list[tuple[str | None, dataclasses.Field]] = []
     for f in fields(Config):
+        if f.name == "plugin_options":
+            continue
         if f.name in SECTIONS:
             out.extend((f.name, g) for g in fields(f.default_factory))  # type: ignore[misc]
         else:
@@ -406,6 +424,49 @@ def _flag(f: dataclasses.Field) -> str:
     return f.metadata.get("flag") or "--" + f.name.replace("_", "-")
 
 
+def _option_classes() -> dict[str, type]:
+    """{method: options dataclass} of every registered method that declares one."""
+    return {i.name: i.options for i in _methods().TABLE.values() if i.options is not None}
+
+
+def _plugin_flag(method: str, f: dataclasses.Field) -> str:
+    return f.metadata.get("flag") or f"--{method}-{f.name}".replace("_", "-")
+
+
+def _plugin_fields(cfg: Config) -> list[tuple[str, Any, dataclasses.Field]]:
+    """(method, its options object, field) for every option of a method's own options."""
+    return [(m, obj, f) for m, obj in cfg.plugin_options.items() for f in fields(obj)]
+
+
+def _with_method_defaults(cfg: Config) -> Config:
+    """Add the defaults of every registered method's options that `cfg` does not hold yet."""
+    for method, cls in _option_classes().items():
+        if method not in cfg.plugin_options:
+            cfg.plugin_options[method] = cls()
+    return cfg
+
+
+def _set_method_options(cfg: Config, value: Any) -> None:
+    """Apply a ``plugin_options: {method: {field: value}}`` mapping (a file, config.json, flags)."""
+    if not isinstance(value, dict):
+        raise ConfigError(f"plugin_options: expected a mapping of methods, got {value!r}")
+    classes = _option_classes()
+    for method, values in value.items():
+        if method not in classes:
+            raise ConfigError(f"plugin_options.{method}: no registered method {method!r} declares "
+                              f"options (with options: {sorted(classes)}; a plugin's module is "
+                              "loaded by --plugins)")
+        if not isinstance(values, dict):
+            raise ConfigError(f"plugin_options.{method}: expected a mapping of options, got {values!r}")
+        obj = dataclasses.replace(cfg.plugin_options.get(method) or classes[method]())
+        sub = {f.name: f for f in fields(obj)}
+        for k, v in values.items():
+            if k not in sub:
+                raise ConfigError(f"unknown option plugin_options.{method}.{k!r} (known: {sorted(sub)})")
+            setattr(obj, k, _coerce(f"plugin_options.{method}.{k}", sub[k], v))
+        cfg.plugin_options[method] = obj
+
+
 def _help(f: dataclasses.Field) -> str:
     """The option's help text, with the names its entries may take when it has ``names``."""
     names = f.metadata.get("names")
@@ -415,6 +476,25 @@ def _help(f: dataclasses.Field) -> str:
 def _type_of(f: dataclasses.Field) -> type:
     default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
     return type(default)
+
+
+def _add_flag(group: Any, flag: str, f: dataclasses.Field, dest: str) -> None:
+    """One option's flag: its type, choices and help with the default; absent unless given."""
+    t = _type_of(f)
+    default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+    kw: dict[str, Any] = {"dest": dest, "default": argparse.SUPPRESS,
+                          "help": f"{_help(f)} (default: {default!r})"}
+    if t is not bool and not f.metadata.get("choices"):
+        kw["metavar"] = f.name.upper()
+    if f.metadata.get("choices"):
+        kw["choices"] = f.metadata["choices"]
+    if t is bool:
+        kw["action"] = argparse.BooleanOptionalAction
+    elif t is list:
+        kw["nargs"] = "*"
+    else:
+        kw["type"] = t
+    group.add_argument(flag, **kw)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -439,24 +519,16 @@ def build_parser() -> argparse.ArgumentParser:
         if flag in seen:  # a programming error: flat CLI needs unique names
             raise RuntimeError(f"duplicate flag {flag}")
         seen.add(flag)
-        t = _type_of(f)
-        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
-        kw: dict[str, Any] = {
-            "dest": f"{sec}.{f.name}" if sec else f.name,
-            "default": argparse.SUPPRESS,
-            "help": f"{_help(f)} (default: {default!r})",
-        }
-        if t is not bool and not f.metadata.get("choices"):
-            kw["metavar"] = f.name.upper()
-        if f.metadata.get("choices"):
-            kw["choices"] = f.metadata["choices"]
-        if t is bool:
-            kw["action"] = argparse.BooleanOptionalAction
-        elif t is list:
-            kw["nargs"] = "*"
-        else:
-            kw["type"] = t
-        groups[sec].add_argument(flag, **kw)
+        _add_flag(groups[sec], flag, f, f"{sec}.{f.name}" if sec else f.name)
+    plugin_cfg = _with_method_defaults(Config())
+    for method, _obj, f in _plugin_fields(plugin_cfg):
+        flag = _plugin_flag(method, f)
+        if flag in seen:
+            raise ConfigError(f"method {method!r}: its option flag {flag} is taken")
+        seen.add(flag)
+        if method not in groups:
+            groups[method] = p.add_argument_group(f"{method} (the method's own options)")
+        _add_flag(groups[method], flag, f, f"plugin_options.{method}.{f.name}")
     return p
 
 
@@ -530,13 +602,18 @@ def from_dict(data: dict, base: Config | None = None) -> Config:
     """Apply a nested dict (as in config.json / YAML presets) on top of `base` (default: defaults)."""
     cfg = base if base is not None else Config()
     cfg = dataclasses.replace(
-        cfg, **{s: dataclasses.replace(getattr(cfg, s)) for s in SECTIONS}
+        cfg, **{s: dataclasses.replace(getattr(cfg, s)) for s in SECTIONS},
+        plugin_options=dict(cfg.plugin_options),
     )
+    if isinstance(data.get("plugins"), list):  # they register the methods plugin_options names
+        load_plugins([str(m) for m in data["plugins"]])
     top = {f.name: f for f in fields(Config)}
     for key, value in data.items():
         if key not in top:
             raise ConfigError(f"unknown option {key!r} (known: {sorted(top)})")
-        if key in SECTIONS:
+        if key == "plugin_options":
+            _set_method_options(cfg, value)
+        elif key in SECTIONS:
             if not isinstance(value, dict):
                 raise ConfigError(f"{key}: expected a mapping of options, got {value!r}")
             sec = getattr(cfg, key)
@@ -547,7 +624,7 @@ def from_dict(data: dict, base: Config | None = None) -> Config:
                 setattr(sec, k, _coerce(f"{key}.{k}", sub[k], v))
         else:
             setattr(cfg, key, _coerce(key, top[key], value))
-    return cfg
+    return _with_method_defaults(cfg)
 
 
 def parse_args(argv: list[str] | None = None) -> Config:
@@ -564,7 +641,10 @@ def parse_args(argv: list[str] | None = None) -> Config:
         cfg = from_dict(load_file(resolve_config_file(config_file)), cfg)
     nested: dict[str, Any] = {}
     for dest, value in ns.items():
-        if "." in dest:
+        if dest.startswith("plugin_options."):
+            _, method, name = dest.split(".", 2)
+            nested.setdefault("plugin_options", {}).setdefault(method, {})[name] = value
+        elif "." in dest:
             sec, name = dest.split(".", 1)
             nested.setdefault(sec, {})[name] = value
         else:
@@ -654,18 +734,20 @@ def trained(cfg: Config) -> list[str]:
 
 
 def _check_fields(cfg: Config) -> None:
-    """Every option alone: one of its choices, finite, and (but --split-seed) not negative."""
-    for sec, f in _leaf_fields():
-        obj = getattr(cfg, sec) if sec else cfg
+    """Every option alone (the methods' own too): one of its choices, finite, and (but
+    --split-seed) not negative."""
+    every = [(getattr(cfg, sec) if sec else cfg, f, _flag(f), False) for sec, f in _leaf_fields()]
+    # a method's own options may be negative: its `validate` says what they may not be
+    every += [(obj, f, _plugin_flag(m, f), True) for m, obj, f in _plugin_fields(cfg)]
+    for obj, f, name, sign_free in every:
         value = getattr(obj, f.name)
         choices = f.metadata.get("choices")
-        name = _flag(f)
         if choices and value not in choices:
             raise ConfigError(f"{name}: {value!r} is not one of {list(choices)}")
         if isinstance(value, float) and not math.isfinite(value):
             # nan compares false with everything, so it would slip through every check below
             raise ConfigError(f"{name}: must be a finite number, got {value}")
-        negative_ok = f.name == "split_seed"  # -1 = follow --seed
+        negative_ok = sign_free or f.name == "split_seed"  # -1 = follow --seed
         if isinstance(value, int | float) and not isinstance(value, bool) and value < 0 \
                 and not negative_ok:
             raise ConfigError(f"{name}: must be >= 0, got {value}")

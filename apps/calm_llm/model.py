@@ -177,7 +177,8 @@ def add_lora(model: nn.Module, mc: ModelConfig, *, seed: int = 0) -> nn.Module:
         except ValueError as e:  # peft's message lists the modules it did find
             raise ValueError(f"--lora-target-modules {mc.lora_target_modules}: {e}") from e
     if mc.gradient_checkpointing:
-        # non-reentrant checkpointing works with functional_call and with frozen inputs
+        # non-reentrant: works with frozen inputs; forwards at parameters other than the live ones
+        # are run unchecked (CausalLM._call)
         peft_model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     return peft_model
 
@@ -273,7 +274,19 @@ class CausalLM:
     def _call(self, inner: dict[str, torch.Tensor] | None, kwargs: dict[str, Any]) -> Any:
         if inner is None:
             return self.model(**kwargs)
-        return torch.func.functional_call(self.model, inner, args=(), kwargs=kwargs, strict=False)
+        call = functools.partial(torch.func.functional_call, self.model, inner, args=(),
+                                 kwargs=kwargs, strict=False)
+        if not (self._checkpointing() and self.model.training and torch.is_grad_enabled()):
+            return call()
+        live = self.inner()
+        if all(inner.get(n) is p for n, p in live.items()):
+            return call()
+        # A checkpointed layer recomputes its forward during the backward, after functional_call
+        # has put the live parameters back: the recompute would run at the live θ, not at
+        # `inner` (BOME's inner iterates, ITD's unroll, a detached θ), and give wrong gradients
+        # or a CheckpointError. Those forwards keep their activations instead.
+        with _checkpointing_off(self.model):
+            return call()
 
     def _shared_prefix_logits(
         self, inner: dict[str, torch.Tensor] | None, batch: Any, *, keep: int = 0
@@ -315,6 +328,19 @@ class CausalLM:
             yield
         finally:
             self.model.train(was)
+
+
+@contextlib.contextmanager
+def _checkpointing_off(model: nn.Module):
+    """Turn transformers' per-layer gradient checkpointing off for the duration."""
+    layers = [m for m in model.modules() if getattr(m, "gradient_checkpointing", False) is True]
+    for m in layers:
+        m.gradient_checkpointing = False
+    try:
+        yield
+    finally:
+        for m in layers:
+            m.gradient_checkpointing = True
 
 
 FINGERPRINT = "sha256 of the input-embedding rows embedding_rows, rounded to bfloat16"

@@ -42,7 +42,7 @@ def plugin(tmp_path, monkeypatch):
 def test_a_plugin_method_runs_end_to_end(plugin, tmp_path):
     out = tmp_path / "run"
     argv = [*TINY, "--plugins", plugin, "--methods", "none", "confidence_penalty",
-            "--steps", "2", "--out", str(out)]
+            "--steps", "2", "--out", str(out), "--confidence-penalty-beta", "0.3"]
     assert main(argv) == 0
     assert "confidence_penalty" in C.METHODS  # the table is the CLI's list of methods
     results = json.loads((out / "metrics.json").read_text())["results"]
@@ -52,7 +52,9 @@ def test_a_plugin_method_runs_end_to_end(plugin, tmp_path):
     assert [h["step"] for h in history] == [1, 2]
     assert all(h["loss"] == h["loss"] for h in history)  # finite, not NaN
     assert (out / "export" / "confidence_penalty" / "adapter").is_dir()
-    assert json.loads((out / "config.json").read_text())["plugins"] == [plugin]
+    saved = json.loads((out / "config.json").read_text())
+    assert saved["plugins"] == [plugin]
+    assert saved["plugin_options"] == {"confidence_penalty": {"beta": 0.3}}
     # the penalty moves the predictions away from the untrained model's
     assert results["confidence_penalty"]["sciq"]["nll"] != results["none"]["sciq"]["nll"]
 
@@ -61,6 +63,45 @@ def test_a_plugin_method_validates_its_own_options(plugin):
     with pytest.raises(C.ConfigError, match="confidence_penalty needs MCQA"):
         C.parse_args(["--plugins", plugin, "--methods", "confidence_penalty",
                       "--instruction-data", "alpaca", "--data-hub", "alpaca=org/alpaca"])
+
+
+def test_a_plugin_methods_own_options_are_flags_file_entries_and_resume_checks(plugin, tmp_path, capsys):
+    cfg = C.parse_args(["--plugins", plugin, "--methods", "confidence_penalty"])
+    assert cfg.method_options("confidence_penalty").beta == 0.1  # the declared default
+    assert C.parse_args(["--plugins", plugin, "--methods", "confidence_penalty",
+                         "--confidence-penalty-beta", "0.25"]).method_options("confidence_penalty").beta == 0.25
+    f = tmp_path / "c.yaml"
+    f.write_text(f"plugins: [{plugin}]\nmethods: [confidence_penalty]\n"
+                 "plugin_options: {confidence_penalty: {beta: 0.5}}\n")
+    from_file = C.parse_args(["--config", str(f)])
+    assert from_file.method_options("confidence_penalty").beta == 0.5
+    # config.json round trip, and a changed value is a difference a resume refuses
+    again = C.from_dict(json.loads(json.dumps(from_file.to_dict())))
+    assert again.method_options("confidence_penalty").beta == 0.5
+    assert again.hash() == from_file.hash()
+    assert C.differences(from_file, cfg) == ["--confidence-penalty-beta: 0.5 (the run's) vs 0.1 (now)"]
+    # a run that does not use the method keeps the hash it had without the plugin
+    assert C.parse_args(["--plugins", plugin]).hash() == C.parse_args([]).hash()
+    # checked like every option, then by the method's own validate
+    with pytest.raises(C.ConfigError, match="--confidence-penalty-beta: must be a finite number"):
+        C.parse_args(["--plugins", plugin, "--confidence-penalty-beta", "nan"])
+    with pytest.raises(C.ConfigError, match="outweighs the SFT loss"):
+        C.parse_args(["--plugins", plugin, "--methods", "confidence_penalty",
+                      "--confidence-penalty-beta", "2"])
+    with pytest.raises(C.ConfigError, match="unknown option plugin_options.confidence_penalty.'gamma'"):
+        C.from_dict({"plugins": [plugin], "plugin_options": {"confidence_penalty": {"gamma": 1.0}}})
+    with pytest.raises(C.ConfigError, match="expected float"):
+        C.from_dict({"plugins": [plugin], "plugin_options": {"confidence_penalty": {"beta": "x"}}})
+    with pytest.raises(SystemExit):
+        C.parse_args(["--plugins", plugin, "--help"])
+    assert "--confidence-penalty-beta" in capsys.readouterr().out
+
+
+def test_options_of_a_method_that_is_not_loaded_are_refused():
+    with pytest.raises(C.ConfigError, match="no registered method 'nope' declares options"):
+        C.from_dict({"plugin_options": {"nope": {"x": 1}}})
+    with pytest.raises(C.ConfigError, match="declares no options"):
+        C.Config().method_options("sft")
 
 
 def test_an_unknown_plugin_or_a_taken_name_is_refused():

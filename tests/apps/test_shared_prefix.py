@@ -184,6 +184,30 @@ def test_gradient_checkpointing_trains_unshared():
         c.lm.logits(None, batch)
 
 
+@pytest.mark.parametrize("shift", [0.0, 0.05])
+def test_checkpointing_gives_the_gradient_at_the_parameters_passed(shift):
+    """A checkpointed layer recomputes in the backward, after functional_call restored the
+    live LoRA tensors: at other parameters (BOME's inner iterates, a detached θ) the call must
+    run unchecked, or the gradient is taken at the live θ (or the recompute fails)."""
+    c = _ctx()
+    batch = _plain(c.collator)(EXAMPLES[:4])
+
+    def grads(checkpointing: bool) -> dict[str, torch.Tensor]:
+        if checkpointing:
+            c.lm.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        else:
+            c.lm.model.gradient_checkpointing_disable()
+        inner = {n: (p.detach() + shift).requires_grad_() for n, p in c.lm.inner().items()}
+        with c.lm.mode(True):
+            loss = c.lm.logits(inner, batch).logsumexp(-1).mean()
+        return dict(zip(inner, torch.autograd.grad(loss, list(inner.values()))))
+
+    plain, checked = grads(False), grads(True)
+    assert c.lm._checkpointing()  # still on after the call
+    for n in plain:
+        torch.testing.assert_close(checked[n], plain[n], rtol=1e-10, atol=1e-12)
+
+
 def test_bf16_scores_close_to_fp32():
     cfg = C.parse_args(["--config", "tiny", "--mode", "cloze", "--dtype", "bf16"])
     lm16 = load(cfg.model, device=torch.device("cpu"), seed=0)

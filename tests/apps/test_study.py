@@ -153,3 +153,39 @@ def test_against_chance_counts_each_questions_options():
     assert c["z"] == pytest.approx((3 - p.sum()) / np.sqrt(np.sum(p * (1 - p))))
     # at chance on average: z = 0
     assert S.against_chance(np.full((4, 2), 0.5) * [[1, 0.9]], np.array([0, 1, 0, 1]))["z"] == 0.0
+
+
+def test_open_qa_cells_summarize_semantic_ece_of_every_confidence(tmp_path):
+    study = S.Study(name="oq", description="open QA", common=(), seeds=(0, 1),
+                    variants=(S.Variant("v", ("sft",)),), step_s={}, question_s=0.0, run_s=0.0,
+                    questions=0)
+    for k, ece in ((0, 0.1), (1, 0.3)):  # the shape open_qa.score.write_results gives
+        r = {"domain": "id", "n": 5, "accuracy": 0.2, "greedy_accuracy": 0.4, "semantic_ece": ece,
+             "semantic_ece_ci": [0.0, 0.5], "brier": 0.2, "auroc": 0.5, "parse_failures": 1,
+             "confidences": {"semantic": {"semantic_ece": ece, "mean_confidence": 0.3},
+                             "verbalized": {"semantic_ece": 0.5, "mean_confidence": 0.9}}}
+        (tmp_path / f"v-seed{k}").mkdir()
+        (tmp_path / f"v-seed{k}" / "metrics.json").write_text(
+            json.dumps({"task": "open_qa", "results": {"sft": {"trivia_qa": r}}}))
+    d = S.summarize(study, tmp_path, n_boot=10)["rows"]["v/sft"]["datasets"]["trivia_qa"]
+    assert d["mean"]["semantic_ece"] == pytest.approx(0.2)
+    assert d["mean"]["semantic_ece/verbalized"] == 0.5 and d["mean"]["mean_confidence"] == 0.3
+    assert "conf_ece_pooled_ci" not in d and d["vs"] == {}
+    md = (tmp_path / "study.md").read_text()
+    assert "Semantic-ECE (semantic) | Semantic-ECE (verbalized)" in md and "0.200 ± 0.141" in md
+
+
+def test_flop_scaled_estimate_of_a_gpu_study():
+    f = S.FlopScale(params=1e9, questions_per_step=2, train_tokens=100.0,
+                    eval_tokens={"a": (10, 50.0)}, step_ratio={"sft": 1.0, "calm": 4.0},
+                    peak_flops=1e12, utilization=0.5)
+    # 6N per token with checkpointing: 6e9 * 200 tokens / 5e11 FLOP/s
+    assert f.step_s("sft") == pytest.approx(2.4) and f.step_s("calm") == pytest.approx(9.6)
+    assert f.step_s("none") == 0.0
+    assert f.prediction_s() == pytest.approx(2e9 * 500 / 5e11)
+    study = S.Study(name="g", description="", common=("--steps", "10"), seeds=(0,),
+                    variants=(S.Variant("m", ("none", "sft", "calm")),), step_s={},
+                    question_s=0.0, run_s=1.0, questions=0, flops=f)
+    # load + 10 steps of sft and calm + predictions: none, sft, calm twice (with and without α)
+    assert S.estimate_s(study, S.cells(study)[0]) == pytest.approx(
+        1.0 + 10 * (2.4 + 9.6) + 4 * f.prediction_s())

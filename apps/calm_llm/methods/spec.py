@@ -48,6 +48,12 @@ class MethodInfo:
             options that cannot work; runs on every configuration, like every other check.
         tasks: the ``--task`` values it applies to (``"mcqa"``, ``"open_qa"``); a method
             that reads answer options (RCFT's regularizer) is ``("mcqa",)``.
+        options: a dataclass of the method's own options, each field declared with
+            ``config.opt(default, help)``: every field becomes a flag ``--<name>-<field>``
+            (a config file's ``plugin_options: {<name>: {<field>: value}}``), is validated
+            like every option (type, choices, finite), recorded in ``config.json`` and
+            compared on resume when the method runs; the method reads it as
+            ``cfg.method_options(<name>)``.
         summary: one line for the docs.
     """
 
@@ -60,6 +66,7 @@ class MethodInfo:
     validate: Callable[[Any], None] | None = None
     tasks: tuple[str, ...] = ("mcqa", "open_qa")
     summary: str = ""
+    options: type | None = None
 
     def load(self) -> type:
         """The method's class."""
