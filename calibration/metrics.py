@@ -242,6 +242,15 @@ class ReliabilityData:
     accuracy: np.ndarray
     count: np.ndarray
 
+    @classmethod
+    def from_bins(
+        cls, edges: torch.Tensor, count: torch.Tensor, confidence: torch.Tensor, accuracy: torch.Tensor
+    ) -> ReliabilityData:
+        """From the (n_bins + 1,) edges and the (n_bins,) tensors `_binned` returns."""
+        return cls(bin_lower=edges[:-1].numpy(), bin_upper=edges[1:].numpy(),
+                   confidence=confidence.numpy(), accuracy=accuracy.numpy(),
+                   count=count.numpy().astype(np.int64))
+
 
 def reliability_data(
     probs: Any,
@@ -269,13 +278,7 @@ def reliability_data(
         raise ValueError(f"mode must be 'top' or 'classwise', got {mode!r}")
     count, mean_conf, mean_out = _binned(conf, outcome, n_bins, binning)
     edges = width_edges(n_bins) if binning == "width" else mass_edges(conf, n_bins)
-    return ReliabilityData(
-        bin_lower=edges[:-1].numpy(),
-        bin_upper=edges[1:].numpy(),
-        confidence=mean_conf.numpy(),
-        accuracy=mean_out.numpy(),
-        count=count.numpy().astype(np.int64),
-    )
+    return ReliabilityData.from_bins(edges, count, mean_conf, mean_out)
 
 
 def summary(probs: Any, labels: Any, n_bins: int = 10, *, from_logits: bool = False) -> dict[str, float]:

@@ -438,14 +438,7 @@ def binary_reliability_data(confidence: Any, correct: Any, n_bins: int = 10) -> 
     conf, corr = _check_pairs(confidence, correct)
     n_bins = check_n_bins(n_bins)
     count, mean_conf, mean_out = _binned(conf, corr, n_bins)
-    edges = width_edges(n_bins)
-    return ReliabilityData(
-        bin_lower=edges[:-1].numpy(),
-        bin_upper=edges[1:].numpy(),
-        confidence=mean_conf.numpy(),
-        accuracy=mean_out.numpy(),
-        count=count.numpy().astype(np.int64),
-    )
+    return ReliabilityData.from_bins(width_edges(n_bins), count, mean_conf, mean_out)
 
 
 # ---- baselines from token log-probabilities ------------------------------------------------
