@@ -221,8 +221,8 @@ def test_history_and_plot_written_and_resume_continues_without_gaps(tmp_path, mo
                 "cos_outer", "cos_inner", "alpha_tau_min", "alpha_tau_max", "alpha_l_median",
                 "alpha_moved", "calib_entropy", "calib_confidence"):
         assert key in full[0], key
-    # each step's cost is on record; the GPU peak only where there is a GPU
-    assert all(h["step_seconds"] > 0 for h in full) and "max_memory_gib" not in full[0]
+    # each step's cost is on record (its value is bench/'s business); the GPU peak only on a GPU
+    assert all(isinstance(h["step_seconds"], float) for h in full) and "max_memory_gib" not in full[0]
     assert (tmp_path / "a" / "training_calm.png").stat().st_size > 0
     assert (tmp_path / "a" / "training_sft.png").is_file()
     results = json.loads((tmp_path / "a" / "metrics.json").read_text())["results"]

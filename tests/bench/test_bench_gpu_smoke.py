@@ -16,7 +16,8 @@ def test_gpu_smoke_reads_every_methods_steps(tmp_path):
     assert out["meta"]["returncode"] == 0
     for m in ("sft", "calm"):
         r = out["rows"][m]
-        assert r["steps"] == 2 and r["step_s"] > 0 and r["max_memory_gib"] is None  # no GPU
+        assert r["steps"] == 2 and r["max_memory_gib"] is None  # no GPU
+        # the reported figure is read from the run's history, not timed here: with two steps,
         # the median after the first step is the second step's own record
         history = gpu_smoke.read_history(tmp_path / "run", m)
         assert r["step_s"] == history[1]["step_seconds"]
