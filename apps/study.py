@@ -112,6 +112,8 @@ class Study:
     # run every variant's first seed before any second seed: a study stopped early then has
     # every row at fewer seeds rather than the first rows complete and the last ones missing
     seed_major: bool = False
+    # rows ("variant/row") drawn in the study's pooled reliability diagrams (--figures)
+    figure_rows: tuple[str, ...] = ()
 
 
 # the issue-9 comparison: CALM's old default, its new default, and the new settings beside SFT/TS
@@ -185,6 +187,11 @@ LAPTOP = Study(
                 note="the CFT paper's released regularizer: top bin skipped, E-step once"),
         Variant("rcft_fixed", ("rcft",), ("--rcft-reestimate-every", "10"),
                 note="both defects fixed: every bin, E-step every 10 steps"),
+        # added after the first two seeds: at the released scale s = 1e-3 both variants above
+        # equal SFT to every printed decimal (AdamW absorbs the (1 - w) factor, and w·s·R is
+        # ~1e-4 of the SFT term), so this one asks whether the regularizer does anything at all
+        Variant("rcft_scaled", ("rcft",), ("--rcft-scale", "1", "--rcft-reestimate-every", "10"),
+                note="fixed, and the regularizer at unit scale (s = 1 instead of 1e-3)"),
         Variant("calm", ("calm",), note="CALM as configured (BOME, AdamW)"),
         Variant("ablations", ("calm_iterate", "calm_regularization", "calm_scalar"),
                 ("--no-eval-without-alpha",), note="the CALM paper's ablations"),
@@ -203,6 +210,8 @@ LAPTOP = Study(
     question_s=0.15, run_s=15.0, questions=700,
     baselines=("sft/sft", "reference/ts"),
     seed_major=True,
+    figure_rows=("reference/none", "reference/ts", "sft/sft", "sft/label_smoothing",
+                 "rcft_fixed/rcft", "calm/calm", "calm/calm:no_alpha"),
 )
 
 # the open-QA cross-domain table: TriviaQA <-> NQ-open, the open-QA default's recipe with twice
@@ -304,7 +313,7 @@ def _family(method: str) -> str:
 
 def estimate_s(study: Study, cell: Cell) -> float:
     """Estimated seconds of a cell: model load, every trained method's steps (each point of a
-    ``--select`` grid trains once), and one prediction per row (CALM rows twice: with and
+    ``--select`` grid trains once; RCFT's E-steps score the training set), and one prediction per row (CALM rows twice: with and
     without α). CPU costs from ``step_s`` (by method, else by family) and ``question_s``, or
     GPU seconds from ``flops``."""
     args = list(cell.variant.args)
@@ -328,6 +337,13 @@ def estimate_s(study: Study, cell: Cell) -> float:
                 break
             grid *= len(entry.split("=", 1)[1].split(","))
     train = sum(step(m) * (grid if m in trains else 1) for m in cell.variant.methods) * _steps(study)
+    if "rcft" in cell.variant.methods and study.flops is None:  # its E-steps score n_train
+        every = int(args[args.index("--rcft-reestimate-every") + 1]) \
+            if "--rcft-reestimate-every" in args else 0
+        every_args = [*study.common, *args]
+        n_train = int(every_args[every_args.index("--n-train") + 1]) \
+            if "--n-train" in every_args else 400
+        train += (1 + ((_steps(study) - 1) // every if every else 0)) * n_train * study.question_s
     twice = "--no-eval-without-alpha" not in (*study.common, *args)
     scored = sum((2 if twice and m.startswith("calm") else 1) * (grid if m in trains else 1)
                  for m in cell.variant.methods)
@@ -751,9 +767,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--publish", default="", metavar="DEST",
                     help="copy the finished cells' small files and the summary to DEST "
                          "(e.g. docs/results/NAME) and exit")
+    ap.add_argument("--figures", default="", metavar="DEST",
+                    help="write the pooled reliability diagrams and training curves of the "
+                         "finished cells to DEST (e.g. docs/img/NAME) and exit")
     a = ap.parse_args(argv)
     study = STUDIES[a.name]
     root = Path(a.root or f"runs/study-{study.name}")
+    if a.figures:
+        from apps import study_figures
+
+        written = [*study_figures.reliability(study, root, Path(a.figures), study.figure_rows),
+                   study_figures.training_curves(study, root, Path(a.figures))]
+        print("\n".join(str(p) for p in written))
+        return 0
     if a.publish:
         written = publish(study, root, Path(a.publish))
         print(f"{len(written)} files copied to {a.publish}")

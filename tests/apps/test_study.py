@@ -69,6 +69,20 @@ def test_cells_run_skip_and_summarize(tmp_path, capsys):
     assert vs["ci"][0] <= vs["ci"][1] and 0.0 <= vs["p_not_better"] <= 1.0
     assert "sft/sft" not in d["vs"]  # a baseline is not compared with itself
 
+    # figures pool the seeds' predictions: 2 seeds x 8 questions, in seed order
+    from apps import study_figures
+
+    pooled = study_figures._pooled(TINY, root, "sft/sft")["sciq"]
+    from safetensors.torch import load_file
+
+    first = load_file(str(root / "sft-seed0" / "predictions.safetensors"))
+    assert pooled[0].shape[0] == 16 and np.array_equal(pooled[1][:8], first["sft/sciq/labels"].numpy())
+    assert np.allclose(pooled[0][:8], first["sft/sciq/probs"].double().numpy())
+    figs = study_figures.reliability(TINY, root, tmp_path / "figs", ("reference/none", "sft/sft"))
+    figs.append(study_figures.training_curves(TINY, root, tmp_path / "figs"))
+    assert {p.name for p in figs} >= {"reliability_sciq.png", "training_loss.png"}
+    assert all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in figs)
+
     # publishing copies the small files only; a published study summarises again without its
     # predictions, carrying the question-level numbers of the summary it was published with
     dest = tmp_path / "published"
