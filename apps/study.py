@@ -202,12 +202,12 @@ LAPTOP = Study(
         Variant("aid", ("calm",), ("--solver", "aid", "--no-eval-without-alpha"),
                 note="the same bilevel problem through implicit differentiation (CG)"),
     ),
-    # measured seconds per step; 0.15 s per scored question
-    # (calm-dynamics histories: sft 1.3, calm 5.5; rcft = 1.02 x sft in bench/gpu_smoke; itd and
-    # aid on the default problem 11.6 and 17; the other ablations take calm's, an upper bound)
-    step_s={"sft": 1.3, "label_smoothing": 1.3, "rcft": 1.35, "calm": 5.5, "calm:itd": 11.6,
-            "calm:aid": 17.0, "none": 0.0, "ts": 0.0},
-    question_s=0.15, run_s=15.0, questions=700,
+    # median seconds per step in this study's seed-0 histories (2026-12-04, 2 cores); 0.13 s per
+    # scored question (the sft cell: 330 s, of which 150 s training)
+    step_s={"sft": 1.22, "label_smoothing": 1.11, "rcft": 1.7, "calm": 4.8, "calm_iterate": 2.0,
+            "calm_regularization": 2.9, "calm_scalar": 3.9, "calm:itd": 5.8, "calm:aid": 8.2,
+            "none": 0.0, "ts": 0.0},
+    question_s=0.13, run_s=15.0, questions=700,
     baselines=("sft/sft", "reference/ts"),
     seed_major=True,
     figure_rows=("reference/none", "reference/ts", "sft/sft", "sft/label_smoothing",
