@@ -208,7 +208,8 @@ LAPTOP = Study(
             "calm_regularization": 2.9, "calm_scalar": 3.9, "calm:itd": 5.8, "calm:aid": 8.2,
             "none": 0.0, "ts": 0.0},
     question_s=0.13, run_s=15.0, questions=700,
-    baselines=("sft/sft", "reference/ts"),
+    # calm/calm too: the ablation claims compare each ablation with CALM itself
+    baselines=("sft/sft", "reference/ts", "calm/calm"),
     seed_major=True,
     figure_rows=("reference/none", "reference/ts", "sft/sft", "sft/label_smoothing",
                  "rcft_fixed/rcft", "calm/calm", "calm/calm:no_alpha"),
