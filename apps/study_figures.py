@@ -3,9 +3,12 @@
     python -m apps.study laptop --root /work/study/laptop --figures docs/img/laptop
 
 Reliability diagrams pool every seed's predictions of a row (seeds × questions points, so each
-question counts once per seed): the same points the pooled interval of ``apps.study`` resamples.
-Training curves show each trained row's training loss, the mean over seeds of a centred moving
-average, with the band from the lowest to the highest seed.
+question counts once per seed); the ECE in the legend is that of the pooled points, which is
+close to, but not the same number as, the mean over seeds that ``study.md`` reports. Training
+curves show each trained row's training loss, the mean over seeds of a centred moving average,
+with the band from the lowest to the highest seed; the legend names the quantity, since the
+methods descend different losses (RCFT's total is (1 − w)·CE + w·s·R, label smoothing's CE has a
+higher floor).
 """
 
 from __future__ import annotations
@@ -15,13 +18,14 @@ from typing import Any
 
 import numpy as np
 
-# the loss a method descends on its training batch: the lower-level CE for the bilevel methods
-# (their "loss" repeats it), the method's own training loss for the others
-LOSS_KEYS = ("lower_loss", "loss")
+# the CE a method descends on its training batch where it records one apart from its total (the
+# bilevel methods' lower level, RCFT's SFT term), else its own training loss
+LOSS_KEYS = ("lower_loss", "sft_loss", "loss")
 
 
-def _pooled(study: Any, root: Path, key: str) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    """dataset -> (probs (S·N, K), labels (S·N,)) of row ``variant/row`` over its finished seeds."""
+def _pooled(study: Any, root: Path, key: str) -> dict[str, tuple[np.ndarray, np.ndarray, int]]:
+    """dataset -> (probs (S·N, K), labels (S·N,), S) of row ``variant/row`` over its S finished
+    seeds that kept predictions."""
     from apps import study as st
 
     variant, row = key.split("/", 1)
@@ -36,7 +40,7 @@ def _pooled(study: Any, root: Path, key: str) -> dict[str, tuple[np.ndarray, np.
                 ps, ls = per_ds.setdefault(parts[1], ([], []))
                 ps.append(p.double().numpy())
                 ls.append(preds[f"{row}/{parts[1]}/labels"].numpy())
-    return {ds: (np.concatenate(ps), np.concatenate(ls)) for ds, (ps, ls) in per_ds.items()}
+    return {ds: (np.concatenate(ps), np.concatenate(ls), len(ps)) for ds, (ps, ls) in per_ds.items()}
 
 
 def reliability(study: Any, root: Path, dest: Path, rows: tuple[str, ...]) -> list[Path]:
@@ -48,17 +52,25 @@ def reliability(study: Any, root: Path, dest: Path, rows: tuple[str, ...]) -> li
 
     curves: dict[str, dict[str, tuple[Any, Any]]] = {}
     for key in rows:
-        for ds, (p, y) in _pooled(study, root, key).items():
-            curves.setdefault(ds, {})[key] = (torch.from_numpy(p), torch.from_numpy(y))
+        for ds, (p, y, n_seeds) in _pooled(study, root, key).items():
+            curves.setdefault(ds, {})[f"{key} ({n_seeds} seeds)"] = (torch.from_numpy(p),
+                                                                     torch.from_numpy(y))
     return [reliability_diagram(c, dest / f"reliability_{ds}.png",
-                                title=f"{study.name}: {ds}, pooled over seeds")
+                                title=f"{study.name}: {ds}, pooled over seeds "
+                                      "(ECE of the pooled points)")
             for ds, c in curves.items()]
 
 
 def _smooth(y: np.ndarray, window: int) -> np.ndarray:
-    """Centred moving average; the ends average the points they have."""
-    kernel = np.ones(window)
-    return np.convolve(y, kernel, "same") / np.convolve(np.ones_like(y), kernel, "same")
+    """Centred moving average (odd ``window``) of the finite points; the ends average the points
+    they have, a stretch with no finite point stays NaN. Same length as ``y``."""
+    kernel = np.ones(max(1, window))
+    start = (len(kernel) - 1) // 2  # the full convolution's centred slice (any length of y)
+    finite = np.isfinite(y)
+    total = np.convolve(np.where(finite, y, 0.0), kernel, "full")[start:start + len(y)]
+    count = np.convolve(finite.astype(float), kernel, "full")[start:start + len(y)]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(count > 0, total / count, np.nan)
 
 
 def training_curves(study: Any, root: Path, dest: Path, *, window: int = 5) -> Path:
@@ -79,8 +91,8 @@ def training_curves(study: Any, root: Path, dest: Path, *, window: int = 5) -> P
             key = next((k for k in LOSS_KEYS if steps and k in steps[0]), None)
             if key is not None:
                 y = np.array([s.get(key) if s.get(key) is not None else np.nan for s in steps])
-                losses.setdefault(f"{c.variant.name}/{h.stem[len('history_'):]}", []).append(
-                    _smooth(y, window))
+                row = f"{c.variant.name}/{h.stem[len('history_'):]}"
+                losses.setdefault(f"{row}: {key}", []).append(_smooth(y, window))
     if not losses:
         raise ValueError(f"{root}: no finished cell has a training history")
     fig = Figure(figsize=(8, 4.8))
@@ -90,10 +102,12 @@ def training_curves(study: Any, root: Path, dest: Path, *, window: int = 5) -> P
         n = min(len(y) for y in ys)
         stack = np.stack([y[:n] for y in ys])
         steps = np.arange(1, n + 1)
-        (line,) = ax.plot(steps, stack.mean(0), lw=1.4, label=f"{key} ({len(ys)} seeds)")
-        ax.fill_between(steps, stack.min(0), stack.max(0), color=line.get_color(), alpha=0.15)
+        with np.errstate(all="ignore"):  # a step NaN in every seed stays a gap
+            mean, lo, hi = np.nanmean(stack, 0), np.nanmin(stack, 0), np.nanmax(stack, 0)
+        (line,) = ax.plot(steps, mean, lw=1.4, label=f"{key} ({len(ys)} seeds)")
+        ax.fill_between(steps, lo, hi, color=line.get_color(), alpha=0.15)
     ax.set(xlabel="optimizer step", ylabel=f"training loss ({window}-step moving average)",
-           title=f"{study.name}: training loss (CE for the bilevel methods' lower level)")
+           title=f"{study.name}: each row's training loss (legend: row: recorded key)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, ncol=2)
     out = dest / "training_loss.png"

@@ -203,3 +203,23 @@ def test_flop_scaled_estimate_of_a_gpu_study():
     # load + 10 steps of sft and calm + predictions: none, sft, calm twice (with and without α)
     assert S.estimate_s(study, S.cells(study)[0]) == pytest.approx(
         1.0 + 10 * (2.4 + 9.6) + 4 * f.prediction_s())
+
+
+def test_smoothing_keeps_the_length_and_skips_missing_steps():
+    from apps.study_figures import _smooth
+
+    assert np.allclose(_smooth(np.array([3.0, 1.0]), 5), [2.0, 2.0])  # shorter than the window
+    y = np.array([1.0, np.nan, 3.0, 5.0, np.nan, np.nan, np.nan])
+    out = _smooth(y, 3)
+    assert out.shape == y.shape
+    assert np.allclose(out[:4], [1.0, 2.0, 4.0, 4.0]) and np.isnan(out[5])
+
+
+def test_rcft_e_steps_are_counted_in_the_estimate():
+    base = S.Study(name="e", description="", common=("--steps", "60", "--n-train", "100"),
+                   seeds=(0,), variants=(S.Variant("once", ("rcft",)),
+                                         S.Variant("every10", ("rcft",), ("--rcft-reestimate-every", "10"))),
+                   step_s={"rcft": 1.0}, question_s=0.1, run_s=0.0, questions=0)
+    once, every10 = (S.estimate_s(base, S.Cell(v, 0)) for v in base.variants)
+    # E-steps at k = 0, 10, ..., 50: six passes over 100 questions at 0.1 s against one
+    assert every10 - once == pytest.approx(5 * 100 * 0.1)

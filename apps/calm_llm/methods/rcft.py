@@ -56,7 +56,7 @@ class RCFT(Method):
                 probs, self.bin_accuracy, n_bins=t.rcft_bins, include_top_bin=t.rcft_include_top_bin
             )
             loss = (1 - t.rcft_weight) * sft + t.rcft_weight * t.rcft_scale * reg
-            return {"objective": loss, "loss": loss}
+            return {"objective": loss, "loss": loss, "sft_loss": sft}
 
         info = self.accumulate(micro_step)
         self.apply_step()
