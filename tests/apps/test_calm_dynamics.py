@@ -222,7 +222,7 @@ def test_history_and_plot_written_and_resume_continues_without_gaps(tmp_path, mo
                 "alpha_moved", "calib_entropy", "calib_confidence"):
         assert key in full[0], key
     # each step's cost is on record (its value is bench/'s business); the GPU peak only on a GPU
-    assert all(isinstance(h["step_seconds"], float) for h in full) and "max_memory_gib" not in full[0]
+    assert all("step_seconds" in h for h in full) and "max_memory_gib" not in full[0]
     assert (tmp_path / "a" / "training_calm.png").stat().st_size > 0
     assert (tmp_path / "a" / "training_sft.png").is_file()
     results = json.loads((tmp_path / "a" / "metrics.json").read_text())["results"]
