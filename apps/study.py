@@ -27,6 +27,7 @@ import json
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -306,7 +307,14 @@ def cells(study: Study) -> list[Cell]:
 
 
 def _steps(study: Study) -> int:
-    return int(study.common[study.common.index("--steps") + 1]) if "--steps" in study.common else 24
+    return int(_flag(study.common, "--steps", "24"))
+
+
+def _flag(argv: Sequence[str], name: str, default: str) -> str:
+    """The value given to ``name`` in ``argv`` (the last one, as argparse reads it), else
+    ``default``."""
+    values = [argv[i + 1] for i, a in enumerate(argv[:-1]) if a == name]
+    return values[-1] if values else default
 
 
 def _family(method: str) -> str:
@@ -315,15 +323,15 @@ def _family(method: str) -> str:
 
 def estimate_s(study: Study, cell: Cell) -> float:
     """Estimated seconds of a cell: model load, every trained method's steps (each point of a
-    ``--select`` grid trains once; RCFT's E-steps score the training set), and one prediction per row (CALM rows twice: with and
-    without α). CPU costs from ``step_s`` (by method, else by family) and ``question_s``, or
+    ``--select`` grid trains once; RCFT's E-steps score the training set), and one prediction
+    per row (CALM rows twice: with and without α). CPU costs from ``step_s`` (by method, else by family) and ``question_s``, or
     GPU seconds from ``flops``."""
     args = list(cell.variant.args)
     if study.flops is not None:
         step = study.flops.step_s
         prediction = study.flops.prediction_s()
     else:
-        solver = args[args.index("--solver") + 1] if "--solver" in args else ""
+        solver = _flag(args, "--solver", "")
 
         def step(m: str) -> float:  # "calm:itd" for calm through another solver
             for key in (f"{m}:{solver}", m, _family(m)):
@@ -340,11 +348,9 @@ def estimate_s(study: Study, cell: Cell) -> float:
             grid *= len(entry.split("=", 1)[1].split(","))
     train = sum(step(m) * (grid if m in trains else 1) for m in cell.variant.methods) * _steps(study)
     if "rcft" in cell.variant.methods and study.flops is None:  # its E-steps score n_train
-        every_args = [*study.common, *args]
-        every = int(every_args[every_args.index("--rcft-reestimate-every") + 1]) \
-            if "--rcft-reestimate-every" in every_args else 0
-        n_train = int(every_args[every_args.index("--n-train") + 1]) \
-            if "--n-train" in every_args else 400  # the config's default
+        argv = [*study.common, *args]
+        every = int(_flag(argv, "--rcft-reestimate-every", "0"))
+        n_train = int(_flag(argv, "--n-train", "400"))  # the config's default
         train += (1 + ((_steps(study) - 1) // every if every else 0)) * n_train * study.question_s
     twice = "--no-eval-without-alpha" not in (*study.common, *args)
     scored = sum((2 if twice and m.startswith("calm") else 1) * (grid if m in trains else 1)
