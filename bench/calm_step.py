@@ -83,6 +83,7 @@ def make_context(model: str, *, batch: int, seed: int = 0, eager: bool = False,
         max_length=cfg.model.max_length,
         max_options=d.max_options,
         share_prefix=d.share_prefix,
+        prefix_layout=lm.prefix_layout,
     )
     return Context(
         cfg=cfg,

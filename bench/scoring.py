@@ -62,7 +62,7 @@ def make_context(model: str, *, dtype: str = "fp32", n: int = 120, seed: int = 0
     d = cfg.data
     collator = Collator(lm.tokenizer, mode="cloze", prompt_style=d.prompt_style,
                         max_length=cfg.model.max_length, max_options=d.max_options,
-                        share_prefix=True)
+                        share_prefix=True, prefix_layout=lm.prefix_layout)
     return Context(cfg=cfg, lm=lm, collator=collator, train_examples=[], calib_examples=[],
                    train_collator=collator, option_token_ids=None)
 
@@ -86,8 +86,13 @@ def question_sets(ctx: Any, names: list[str], n: int) -> dict[str, list]:
     return out
 
 
-def predict_before(ctx: Any, examples: list, batch_size: int = 16) -> torch.Tensor:
-    """The unshared layout, batched by question count in data order (the old runner)."""
+def predict_before(ctx: Any, examples: list, batch_size: int = 16, *,
+                   exact: bool = False) -> torch.Tensor:
+    """The unshared layout, batched by question count in data order (the old runner).
+
+    ``exact``: the float32 logits' log-softmax taken in float64, i.e. the scores without the
+    rounding of a float32 normalizer over the vocabulary (the reference both the project's
+    scores and lm-eval's are measured against)."""
     import copy
 
     from apps.calm_llm.data import batch_iterator
@@ -96,18 +101,25 @@ def predict_before(ctx: Any, examples: list, batch_size: int = 16) -> torch.Tens
     collator.share_prefix = False
     outs = []
     with torch.no_grad():
-        for batch in batch_iterator(examples, collator, batch_size, shuffle=False, seed=0):
+        for batch in batch_iterator(examples, collator, 4 if exact else batch_size, shuffle=False,
+                                    seed=0):
             logits, batch = ctx.forward(None, batch)
-            outs.append(ctx.option_logits(logits, batch).float())
+            ol = ctx.option_logits(logits.double() if exact else logits, batch)
+            outs.append(ol if exact else ol.float())
     return torch.cat(outs)
 
 
-def predict_shared(ctx: Any, examples: list, budget: int) -> torch.Tensor:
+def predict_shared(ctx: Any, examples: list, budget: int, layout: str = "packed") -> torch.Tensor:
+    """The runner's prediction with the shared prefix in ``layout`` ("packed" or "cache")."""
+    import copy
+
     from apps.calm_llm.methods import get
     from apps.calm_llm.train import predict_option_logits
 
     cfg = dataclasses.replace(ctx.cfg, train=dataclasses.replace(ctx.cfg.train, eval_tokens=budget))
-    c = dataclasses.replace(ctx, cfg=cfg)
+    col = copy.copy(ctx.collator)
+    col.prefix_layout = layout
+    c = dataclasses.replace(ctx, cfg=cfg, collator=col)
     return predict_option_logits(c, get("none")(c), examples)[0]
 
 
@@ -142,25 +154,29 @@ class LmEval:
 
 
 def token_counts(ctx: Any, examples: list) -> dict[str, int]:
-    """Tokens per set: the floor (question once + options), the unshared layout unpadded."""
+    """Tokens per set: the floor (question once + options), the unshared layout unpadded, and
+    the target positions (where the output projection must run)."""
     import copy
 
     col = copy.copy(ctx.collator)
     col.share_prefix = False
-    floor = unshared = 0
+    cache = copy.copy(ctx.collator)
+    cache.prefix_layout = "cache"  # its prefix and continuation masks count the floor's tokens
+    floor = unshared = targets = 0
     for ex in examples:
-        b = ctx.collator([ex])
+        b = cache([ex])
         floor += int(b.attention_mask.sum())
         floor += int(b.prefix.attention_mask.sum()) if b.prefix is not None else 0
+        targets += int((b.target_ids != -100).sum())
         unshared += int(col([ex]).attention_mask.sum())
-    return {"floor_tokens": floor, "unshared_tokens": unshared}
+    return {"floor_tokens": floor, "unshared_tokens": unshared, "target_tokens": targets}
 
 
 def dense_throughput(ctx: Any, repeats: int = 3) -> float:
     """Tokens/s of one unpadded 8 × 128 forward of real ids (the hardware's best case here)."""
     ids = torch.randint(100, 1000, (8, 128))
     mask = torch.ones_like(ids)
-    batch = type("B", (), {"input_ids": ids, "attention_mask": mask, "prefix": None,
+    batch = type("B", (), {"input_ids": ids, "attention_mask": mask, "prefix": None, "packed": None,
                            "position_ids": mask.cumsum(1) - 1})()
     with torch.no_grad():
         ctx.lm.logits(None, batch, keep=1)
@@ -170,6 +186,16 @@ def dense_throughput(ctx: Any, repeats: int = 3) -> float:
             ctx.lm.logits(None, batch, keep=1)
             times.append(time.perf_counter() - t0)
     return ids.numel() / harness.median(times)
+
+
+def head_to_body_flops(ctx: Any) -> float:
+    """FLOPs of the output projection at one token over those of the decoder at one token
+    (H·V over the decoder's matrix parameters; attention scores left out, as in the floor)."""
+    base = ctx.lm.model.get_base_model()
+    head = base.get_output_embeddings().weight
+    body = sum(p.numel() for n, p in base.get_decoder().named_parameters()
+               if p.dim() == 2 and "embed" not in n)
+    return head.numel() / body
 
 
 def _fits(collator: Any, ex: Any) -> bool:
@@ -209,7 +235,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     help="more sets checked for agreement only")
     ap.add_argument("--n", type=int, default=None, help="questions per set")
     ap.add_argument("--rounds", type=int, default=None)
-    ap.add_argument("--budgets", type=int, nargs="+", default=[4096])
+    ap.add_argument("--budgets", type=int, nargs="+", default=[2048])
+    ap.add_argument("--layouts", nargs="+", default=["packed", "cache"], choices=("packed", "cache"),
+                    help="shared-prefix layouts timed (the first is the one --dtype and the "
+                    "default run use)")
     ap.add_argument("--lm-eval-batch", type=int, nargs="+", default=[32])
     ap.add_argument("--no-lm-eval", action="store_true")
     ap.add_argument("--no-before", action="store_true", help="skip timing the old layout")
@@ -217,6 +246,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--cut-length", type=int, default=128,
                     help="max_length of the extra correctness check on cut questions")
     ap.add_argument("--no-agreement", action="store_true", help="timing only")
+    ap.add_argument("--no-timing", action="store_true", help="agreement only")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
     model = args.model or ("tiny" if args.quick else "smollm2")
@@ -225,6 +255,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     out = args.out or harness.RESULTS / ("scoring_quick" if args.quick else "scoring")
 
     ctx = make_context(model, n=n)
+    lay0 = args.layouts[0]
     sets = question_sets(ctx, list(args.sets), n)
     checks = {**sets, **question_sets(ctx, [s for s in args.check_sets if s not in sets], n)}
     K = ctx.cfg.data.max_options
@@ -240,6 +271,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     other = {dt: make_context(model, dtype=dt, n=n) for dt in args.dtype if dt != "fp32"}
     tok_s = dense_throughput(ctx)
     meta["dense_tokens_per_s"] = tok_s
+    meta["head_to_body_flops"] = head_to_body_flops(ctx)
 
     # -- correctness, before timing: every candidate against the old layout ------------------
     cut_ctx = ctx if args.no_agreement else make_context(model, n=n, max_length=args.cut_length)
@@ -250,33 +282,41 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     for name, examples in [] if args.no_agreement else [*checks.items(), (cut_name, cut_examples)]:
         c = cut_ctx if name == cut_name else ctx
         ref = predict_before(c, examples)
-        got = {f"shared@{b}": predict_shared(c, examples, b) for b in args.budgets}
+        exact = predict_before(c, examples, exact=True)
+        got = {f"{lay}@{b}": predict_shared(c, examples, b, lay)
+               for lay in args.layouts for b in args.budgets}
         if c is ctx:
             got.update({k: v.predict(examples, K) for k, v in lmevals.items()})
             for dt, oc in other.items():
-                got[f"shared@{args.budgets[0]} {dt}"] = predict_shared(oc, examples, args.budgets[0])
-        n_cut = sum(int(c.collator([ex]).prefix.n_groups > 1) for ex in examples)
+                got[f"{lay0}@{args.budgets[0]} {dt}"] = predict_shared(oc, examples, args.budgets[0], lay0)
+        n_cut = sum(int(c.collator([ex]).padded_terms()[0][0] > 1) for ex in examples)
         for cand, ol in got.items():
             rec.add({"kind": "agreement", "set": name, "candidate": cand, "n": len(examples),
                      "n_cut": n_cut,
-                     "max_abs_dll": _max_abs(ol, ref), "accuracy": _accuracy(ol, examples),
+                     "max_abs_dll": _max_abs(ol, ref),
+                     "max_abs_dll_exact": _max_abs(ol.double(), exact),
+                     "accuracy": _accuracy(ol, examples),
                      "accuracy_before": _accuracy(ref, examples), "conf_ece": _ece(ol, examples),
                      "conf_ece_before": _ece(ref, examples)})
 
     # -- timing, round-robin per set ---------------------------------------------------------
-    for name, examples in sets.items():
+    for name, examples in {} if args.no_timing else sets.items():
         ex = examples
         b0 = args.budgets[0]
-        runs = {f"shared@{b}": (lambda b=b, ex=ex: predict_shared(ctx, ex, b)) for b in args.budgets}
+        runs = {f"{lay}@{b}": (lambda b=b, ex=ex, lay=lay: predict_shared(ctx, ex, b, lay))
+                for lay in args.layouts for b in args.budgets}
         if not args.no_before:
             runs["before"] = lambda ex=ex: predict_before(ctx, ex)
         runs.update({k: (lambda v=v, ex=ex: v.predict(ex, K)) for k, v in lmevals.items()})
         for dt, oc in other.items():
-            runs[f"shared@{b0} {dt}"] = lambda oc=oc, ex=ex, b0=b0: predict_shared(oc, ex, b0)
+            runs[f"{lay0}@{b0} {dt}"] = lambda oc=oc, ex=ex, b0=b0: predict_shared(oc, ex, b0, lay0)
         times = harness.time_alternating(runs, device=torch.device("cpu"), warmup=0,
                                          repeats=rounds, min_repeats=rounds)
         counts = token_counts(ctx, examples)
         floor_s = counts["floor_tokens"] / tok_s
+        # + the output projection at the target tokens (where scoring needs it), at the FLOP
+        # rate of the dense forward: a target token costs head_ratio body tokens
+        floor_head_s = floor_s + counts["target_tokens"] * meta["head_to_body_flops"] / tok_s
         lm_best = min((harness.median(times[k]) for k in lmevals), default=None)
         for cand, ts in times.items():
             s = harness.median(ts)
@@ -284,6 +324,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                      "seconds_median": s, "seconds": ts, "s_per_question": s / len(examples),
                      "floor_tokens_per_s": counts["floor_tokens"] / s, **counts,
                      "floor_seconds": floor_s, "x_floor": s / floor_s,
+                     "floor_head_seconds": floor_head_s, "x_floor_head": s / floor_head_s,
                      "speedup_vs_lm_eval": (lm_best / s) if lm_best else None})
     write_markdown(out.with_suffix(".md"), meta, rec.records)
     return {"meta": meta, "records": rec.records}
@@ -300,22 +341,28 @@ def write_markdown(path: Path, meta: dict[str, Any], records: list[dict[str, Any
         f"{meta['env']['date']}. Dense throughput (8 × 128 unpadded forward): "
         f"{meta['dense_tokens_per_s']:.0f} tokens/s.", "",
         "## Agreement with the old layout (per-option log-likelihood)", "",
+        "Against `before` (the unshared layout, float32 scoring) and against `exact` (the same "
+        "float32 logits, log-softmax in float64).", "",
         harness.markdown_table(
-            ["set", "candidate", "questions cut", "max abs Δ log-lik", "accuracy (before)",
-             "conf-ECE (before)"],
+            ["set", "candidate", "questions cut", "max abs Δ log-lik", "vs exact",
+             "accuracy (before)", "conf-ECE (before)"],
             [[r["set"], r["candidate"], str(r["n_cut"]), f(r["max_abs_dll"], "err"),
+              f(r["max_abs_dll_exact"], "err"),
               f"{r['accuracy']:.4f} ({r['accuracy_before']:.4f})",
               f"{r['conf_ece']:.4f} ({r['conf_ece_before']:.4f})"] for r in agree]),
         "", "## Time", "",
         harness.markdown_table(
             ["set", "candidate", "seconds", "s/question", "floor tokens/s", "× floor",
-             "speed-up vs lm-eval"],
+             "× floor + head", "speed-up vs lm-eval"],
             [[r["set"], r["candidate"], f"{r['seconds_median']:.2f}", f"{r['s_per_question']:.3f}",
-              f"{r['floor_tokens_per_s']:.0f}", f(r["x_floor"], "x"),
+              f"{r['floor_tokens_per_s']:.0f}", f(r["x_floor"], "x"), f(r["x_floor_head"], "x"),
               f(r["speedup_vs_lm_eval"], "x") if r["speedup_vs_lm_eval"] else "–"] for r in timing]),
         "",
         "Floor: question tokens once + option tokens (`floor_tokens` in the JSON), forward only, "
-        "at the dense throughput above.",
+        "at the dense throughput above (which keeps one logits column: the decoder alone). "
+        "Floor + head adds the output projection at the target tokens (`target_tokens`), which "
+        "scoring cannot skip, at the same FLOP rate "
+        f"(one target token = {meta['head_to_body_flops']:.3f} decoder tokens).",
     ]
     path.write_text("\n".join(lines) + "\n")
 

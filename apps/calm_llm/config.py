@@ -102,8 +102,9 @@ class DataConfig:
     max_options: int = opt(5, "most answer options a question may have")
     share_prefix: bool = opt(
         True,
-        "cloze: encode each question's context once and score its options against the cached "
-        "prefix (off: every option repeats the question; same scores, slower)",
+        "cloze: encode each question's context once and score its options against it (packed "
+        "under a block mask, or against its KV cache where the attention kernel or FSDP needs "
+        "it; off: every option repeats the question; same scores, slower)",
     )
     in_domain: list[str] = opt(["sciq"], f"in-domain MCQA sources, from {MCQA_SOURCES}")
     out_of_domain: list[str] = opt(["arc_easy"], "out-of-domain MCQA sources (test only)")

@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from .config import ModelConfig
+from .data.collate import IGNORE
 from .distributed import Dist, shard_frozen_base
 
 DEFAULT_MODEL_NAMES = ("smollm2", "default")
@@ -241,11 +242,17 @@ class CausalLM:
         (``torch.func.functional_call``), so gradients flow to whatever tensors are passed;
         ``None`` uses the module's own parameters.
 
-        A shared-prefix batch (``batch.prefix``) is two forwards: the G prefixes with a KV
-        cache, then the S continuations against that cache gathered to their rows; the logits
-        are the continuations' (S, C', V). With gradients, the backward goes through each
-        prefix once and sums what its options send back (the gather's backward).
+        A packed shared-prefix batch (``batch.packed``) is one forward of the packed rows under
+        their block mask, and the output projection runs only at the target positions: its
+        logits are (M, V), one row per True entry of ``batch.logit_rows`` (default
+        ``target_ids != -100``) in row-major order (`scoring` reads either shape). A
+        cache-layout batch (``batch.prefix``) is two forwards: the G prefixes with a KV cache,
+        then the S continuations against that cache gathered to their rows. With gradients,
+        the backward goes through each prefix once in both layouts and sums what its options
+        send back.
         """
+        if batch.packed is not None:
+            return self._packed_logits(inner, batch)
         if batch.prefix is not None:
             return self._shared_prefix_logits(inner, batch, keep=keep)
         kwargs: dict[str, Any] = {
@@ -271,10 +278,35 @@ class CausalLM:
                 return bool(getattr(self.model, name))
         return False
 
-    def _call(self, inner: dict[str, torch.Tensor] | None, kwargs: dict[str, Any]) -> Any:
+    @property
+    def prefix_layout(self) -> str:
+        """The shared-prefix layout this model runs fastest and correctly: "packed" where the
+        attention kernel takes a custom 4D mask (SDPA, eager) and the model is not FSDP-sharded
+        (the packed forward calls the decoder and the head itself, past the root module's
+        unsharding hooks) and the head is a plain projection (soft-capping is applied; a
+        config ``logit_scale``/``logits_scaling`` is not known to it); "cache" otherwise."""
+        base = self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model
+        attn = getattr(base.config, "_attn_implementation", None) or "eager"
+        sharded = hasattr(self.model, "unshard")  # an FSDP2 module
+        scaled = any(getattr(base.config, a, None) not in (None, 1, 1.0)
+                     for a in ("logit_scale", "logits_scaling"))
+        return "packed" if attn in ("sdpa", "eager") and not (sharded or scaled) else "cache"
+
+    @functools.cached_property
+    def _packed_forward(self) -> nn.Module:
+        return _PackedForward(self.model)
+
+    def _call(
+        self, inner: dict[str, torch.Tensor] | None, kwargs: dict[str, Any],
+        module: nn.Module | None = None, prefix: str = "",
+    ) -> Any:
+        """``module`` (default the model) called with ``kwargs`` at the LoRA tensors ``inner``;
+        ``prefix`` is the model's name inside ``module``."""
+        module = self.model if module is None else module
         if inner is None:
-            return self.model(**kwargs)
-        call = functools.partial(torch.func.functional_call, self.model, inner, args=(),
+            return module(**kwargs)
+        params = {prefix + n: t for n, t in inner.items()} if prefix else inner
+        call = functools.partial(torch.func.functional_call, module, params, args=(),
                                  kwargs=kwargs, strict=False)
         if not (self._checkpointing() and self.model.training and torch.is_grad_enabled()):
             return call()
@@ -288,6 +320,26 @@ class CausalLM:
         with _checkpointing_off(self.model):
             return call()
 
+    def _packed_logits(self, inner: dict[str, torch.Tensor] | None, batch: Any) -> torch.Tensor:
+        if self.prefix_layout != "packed":
+            raise ValueError(
+                "a packed shared-prefix batch needs SDPA or eager attention and an unsharded model "
+                "(no FSDP); collate with prefix_layout=CausalLM.prefix_layout ('cache' here)"
+            )
+        pk = batch.packed
+        rows = batch.logit_rows if batch.logit_rows is not None else batch.target_ids != IGNORE
+        where = pk.target_index[rows]  # (M,)
+        if bool((where < 0).any()):
+            raise ValueError("packed batch: a target position has no packed position")
+        # the hidden states' dtype (the embedding stays unquantized under 4/8-bit loading)
+        dtype = self.model.get_input_embeddings().weight.dtype
+        return _upcast(self._call(inner, {
+            "input_ids": pk.input_ids,
+            "attention_mask": pk.attention_mask(dtype),
+            "position_ids": pk.position_ids,
+            "where": where,
+        }, self._packed_forward, "model."))  # (M, V)
+
     def _shared_prefix_logits(
         self, inner: dict[str, torch.Tensor] | None, batch: Any, *, keep: int = 0
     ) -> torch.Tensor:
@@ -296,8 +348,8 @@ class CausalLM:
             # transformers drops the KV cache inside checkpointed layers: the continuations
             # would silently lose their context
             raise ValueError(
-                "a shared-prefix batch cannot be trained with gradient checkpointing "
-                "(collate with share_prefix=False)"
+                "a cache-layout shared-prefix batch cannot be trained with gradient "
+                "checkpointing (collate with prefix_layout='packed' or share_prefix=False)"
             )
         out = self._call(inner, {
             "input_ids": pre.input_ids,
@@ -328,6 +380,25 @@ class CausalLM:
             yield
         finally:
             self.model.train(was)
+
+
+class _PackedForward(nn.Module):
+    """The decoder over packed rows, then the output projection at the target positions only:
+    ``head(decoder(ids)[where])`` (M, V). A module, so that ``functional_call`` swaps the LoRA
+    tensors of both (its parameters are the model's, named ``model.*``)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                position_ids: torch.Tensor, where: torch.Tensor) -> torch.Tensor:
+        base = self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model
+        h = base.get_decoder()(input_ids=input_ids, attention_mask=attention_mask,
+                               position_ids=position_ids, use_cache=False).last_hidden_state
+        z = base.get_output_embeddings()(h.reshape(-1, h.shape[-1]).index_select(0, where))
+        cap = getattr(base.config, "final_logit_softcapping", None)
+        return torch.tanh(z / cap) * cap if cap else z
 
 
 @contextlib.contextmanager

@@ -5,6 +5,11 @@ L' = L (every position) or a suffix of the positions (``logits_to_keep=k`` keeps
 columns; letter batches are left-padded so ``k = 1`` keeps the answer position). Targets are
 aligned to logits by taking the last L' columns of ``batch.target_ids``.
 
+A packed shared-prefix batch gives its logits at the target positions only, shape (M, V):
+row m is the m-th True entry, in row-major order, of ``batch.logit_rows`` (S, L) — by default
+``target_ids != -100`` — so that the output projection, α and the log-softmax never touch a
+padded position. `gold_only` keeps ``logit_rows`` when it drops targets.
+
 Answer distributions (N questions, K = max option slots):
   letter:  s[n, j] = z[n, last, id_j]                      (softmax over the option letters)
   cloze:   s[n, j] = Σ_t log softmax(z[s, t])[y_t]          over the continuation tokens of
@@ -47,15 +52,35 @@ def aligned_targets(logits: torch.Tensor, batch: Batch) -> torch.Tensor:
     return batch.target_ids[:, L - k :]
 
 
+def at_targets(logits: torch.Tensor, batch: Batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(z, y, seq)``: the (M, V) logits at the M target positions, their (M,) target ids and
+    (M,) sequence indices, in row-major (sequence, position) order; for (S, L', V) logits and
+    for the (M0, V) logits of a packed batch (module docstring)."""
+    if logits.dim() == 2:
+        rows = batch.logit_rows if batch.logit_rows is not None else batch.target_ids != IGNORE
+        if logits.shape[0] != int(rows.sum()):
+            raise ValueError(
+                f"logits hold {logits.shape[0]} positions, the batch's logit_rows {int(rows.sum())}"
+            )
+        tgt = batch.target_ids[rows]
+        keep = tgt != IGNORE
+        seq = rows.nonzero()[:, 0]
+        if bool(keep.all()):
+            return logits, tgt, seq
+        return logits[keep], tgt[keep], seq[keep]
+    tgt = aligned_targets(logits, batch)
+    mask = tgt != IGNORE
+    return logits[mask], tgt[mask], mask.nonzero()[:, 0]
+
+
 def answer_logits(logits: torch.Tensor, batch: Batch) -> torch.Tensor:
     """(M, V) logits at the M target positions, in row-major (sequence, position) order."""
-    return logits[aligned_targets(logits, batch) != IGNORE]
+    return at_targets(logits, batch)[0]
 
 
 def answer_targets(logits: torch.Tensor, batch: Batch) -> torch.Tensor:
     """(M,) target token ids matching ``answer_logits``."""
-    tgt = aligned_targets(logits, batch)
-    return tgt[tgt != IGNORE]
+    return at_targets(logits, batch)[1]
 
 
 def lm_loss(logits: torch.Tensor, batch: Batch, *, label_smoothing: float = 0.0) -> torch.Tensor:
@@ -67,10 +92,9 @@ def lm_loss(logits: torch.Tensor, batch: Batch, *, label_smoothing: float = 0.0)
     """
     if not 0.0 <= label_smoothing < 1.0:
         raise ValueError(f"label_smoothing must be in [0, 1), got {label_smoothing}")
-    z = answer_logits(logits, batch)
+    z, y, _ = at_targets(logits, batch)
     if z.shape[0] == 0:
         raise ValueError("the batch has no target tokens")
-    y = answer_targets(logits, batch)
     return F.cross_entropy(_upcast(z), y, label_smoothing=label_smoothing)
 
 
@@ -90,7 +114,7 @@ def option_logits(
     """(N, K) option scores; ``softmax(·, -1)`` is the answer distribution, -inf where absent.
 
     Args:
-        logits: (S, L', V) vocabulary logits.
+        logits: (S, L', V) vocabulary logits, or (M, V) at a packed batch's target positions.
         batch: the `Batch` they were computed on ("letter" or "cloze" mode).
         cloze_norm: "sum" | "mean" | "char" normalization of cloze log-likelihoods.
         option_token_ids: (K,) letter ids (letter mode); defaults to ``batch.option_token_ids``.
@@ -108,14 +132,14 @@ def option_logits(
     elif batch.mode == "cloze":
         if cloze_norm not in CLOZE_NORMS:
             raise ValueError(f"cloze_norm must be one of {CLOZE_NORMS}, got {cloze_norm!r}")
-        tgt = aligned_targets(logits, batch)
-        mask = tgt != IGNORE
-        # log-softmax only at target positions: (M, V) instead of (S, L, V)
-        lp = _upcast(logits[mask]).log_softmax(-1).gather(-1, tgt[mask][:, None])[:, 0]  # (M,)
-        seq_of = torch.arange(tgt.shape[0], device=logits.device)[:, None].expand_as(tgt)[mask]
-        per_seq = torch.zeros(tgt.shape[0], dtype=lp.dtype, device=lp.device).index_add(0, seq_of, lp)
+        z, y, seq_of = at_targets(logits, batch)
+        # log p(y) = z_y − logsumexp(z), only at target positions: (M, V) read, (M,) written
+        z = _upcast(z)
+        lp = z.gather(-1, y[:, None])[:, 0] - z.logsumexp(-1)  # (M,)
+        S = batch.target_ids.shape[0]
+        per_seq = torch.zeros(S, dtype=lp.dtype, device=lp.device).index_add(0, seq_of, lp)
         if cloze_norm == "mean":
-            per_seq = per_seq / mask.sum(1).clamp(min=1).to(per_seq.dtype)
+            per_seq = per_seq / torch.bincount(seq_of, minlength=S).clamp(min=1).to(per_seq.dtype)
         elif cloze_norm == "char":
             per_seq = per_seq / batch.cont_chars.to(per_seq.device).clamp(min=1).to(per_seq.dtype)
         K = _n_slots(batch)

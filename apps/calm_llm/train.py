@@ -454,7 +454,7 @@ def build_context(state: Run, splits: Any) -> Evaluation:
                         dist=dist)
     collator = Collator(lm.tokenizer, mode=d.mode, prompt_style=d.prompt_style,
                         max_length=cfg.model.max_length, max_options=d.max_options,
-                        share_prefix=d.share_prefix)
+                        share_prefix=d.share_prefix, prefix_layout=lm.prefix_layout)
     train_collator = collator
     if d.instruction_data:
         train_collator = Collator(lm.tokenizer, mode="cloze", prompt_style=d.prompt_style,

@@ -62,8 +62,8 @@ def _train(method: str, dist, per_rank: int, out: str, extra: tuple[str, ...] = 
 
 
 def _predict_cloze(dist, out: str) -> None:
-    """Shared-prefix cloze predictions (two forwards through the cache) under this process
-    layout: under FSDP every block's weights are gathered for each of the two calls."""
+    """Shared-prefix cloze predictions under this process layout: under FSDP the cache layout
+    (two forwards; every block's weights are gathered for each of the two calls)."""
     from apps.calm_llm import config as C
     from apps.calm_llm import methods
     from apps.calm_llm.data import Collator
@@ -73,7 +73,9 @@ def _predict_cloze(dist, out: str) -> None:
 
     cfg = C.parse_args(["--config", "tiny", "--mode", "cloze"])
     lm = load(cfg.model, device=torch.device("cpu"), seed=0, dist=dist)
-    col = Collator(lm.tokenizer, mode="cloze", max_length=96, max_options=5, share_prefix=True)
+    # the layout the runner picks: packed in one process, the KV cache under FSDP
+    col = Collator(lm.tokenizer, mode="cloze", max_length=96, max_options=5, share_prefix=True,
+                   prefix_layout=lm.prefix_layout)
     ex = _examples()
     ctx = Context(cfg=cfg, lm=lm, collator=col, train_examples=ex[:4], calib_examples=ex[4:8],
                   train_collator=col, option_token_ids=None, dist=dist)

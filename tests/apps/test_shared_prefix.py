@@ -1,6 +1,7 @@
 """Shared-prefix cloze scoring equals the unshared layout: scores, gradients, batching, edges.
 
-The oracle is the plain layout (every option repeats its question; itself checked against
+Both shared-prefix layouts are checked: "packed" (one row per question under a block mask)
+and "cache" (prefixes first, continuations against their KV cache). The oracle is the plain layout (every option repeats its question; itself checked against
 per-sequence unpadded forwards in test_scoring.py), in float64 on the tiny model, with LoRA
 moved off its zero initialization and with α applied.
 """
@@ -30,7 +31,10 @@ EXAMPLES = [
 ]
 
 
-def _ctx(*extra: str, max_length: int = 96, share: bool = True) -> Context:
+LAYOUTS = ["packed", "cache"]
+
+
+def _ctx(*extra: str, max_length: int = 96, share: bool = True, layout: str = "packed") -> Context:
     cfg = C.parse_args(["--config", "tiny", "--mode", "cloze", "--steps", "2", *extra])
     lm = load(cfg.model, device=torch.device("cpu"), seed=0)
     lm.model.double()
@@ -40,7 +44,7 @@ def _ctx(*extra: str, max_length: int = 96, share: bool = True) -> Context:
             if "lora_B" in n:
                 p.copy_(0.3 * torch.randn(p.shape, generator=g, dtype=p.dtype))
     col = Collator(lm.tokenizer, mode="cloze", max_length=max_length, max_options=5,
-                   share_prefix=share)
+                   share_prefix=share, prefix_layout=layout)
     return Context(cfg=cfg, lm=lm, collator=col, train_examples=EXAMPLES[:8],
                    calib_examples=EXAMPLES[8:], train_collator=col, option_token_ids=None)
 
@@ -57,22 +61,69 @@ def ctx():
 
 
 def test_layout_shares_one_prefix_per_question(ctx):
-    b = ctx.collator(EXAMPLES[:3])
-    assert b.prefix is not None and b.prefix.n_groups == 3
+    col = copy.copy(ctx.collator)
+    col.prefix_layout = "cache"
+    b = col(EXAMPLES[:3])
+    assert b.prefix is not None and b.prefix.n_groups == 3 and b.packed is None
     assert b.prefix.row_group.tolist() == [0, 0, 1, 1, 1, 2, 2, 2, 2]
     plain = _plain(ctx.collator)(EXAMPLES[:3])
     assert b.n_tokens < plain.n_tokens
     # gold-only (training CE) batches have one row per question: nothing to share
     assert ctx.collator(EXAMPLES[:3], options="gold").prefix is None
+    assert ctx.collator(EXAMPLES[:3], options="gold").packed is None
 
 
+def test_packed_rows_hold_the_prefix_once_then_every_option():
+    c = _ctx()
+    ex = EXAMPLES[:3]
+    b, cache = c.collator(ex), copy.copy(c.collator)
+    cache.prefix_layout = "cache"
+    bc = cache(ex)
+    pk = b.packed
+    assert b.prefix is None and pk.input_ids.shape[0] == 3
+    assert b.n_tokens == pk.input_ids.numel() < bc.n_tokens  # no padding between options
+    W = pk.input_ids.shape[1]
+    for r in range(3):
+        seg, ids, pos = pk.segment_ids[r], pk.input_ids[r], pk.position_ids[r]
+        P = int(bc.prefix.attention_mask[r].sum())
+        assert ids[:P].tolist() == bc.prefix.input_ids[r, :P].tolist() and (seg[:P] == 0).all()
+        rows = (bc.prefix.row_group == r).nonzero().flatten().tolist()
+        assert int(seg.max()) == len(rows)
+        for j, s in enumerate(rows):  # segment j + 1 is continuation s, at positions P, P + 1, ...
+            n = int(bc.attention_mask[s].sum())
+            at = pk.target_index[s, :n]
+            assert (at // W == r).all() and (seg[at % W] == j + 1).all()
+            assert ids[at % W].tolist() == bc.input_ids[s, :n].tolist()
+            assert pos[at % W].tolist() == list(range(P, P + n))
+            assert (pk.target_index[s, n:] == -1).all()
+    m = pk.attention_mask(torch.float32)
+    assert m.shape == (3, 1, W, W)
+    allowed = m[:, 0] == 0
+    assert allowed.any(-1).all()  # no fully masked row (padding sees itself)
+    sq, sk = pk.segment_ids[:, :, None], pk.segment_ids[:, None, :]
+    cross = (sq > 0) & (sk > 0) & (sq != sk)
+    assert not (allowed & cross).any()  # an option never sees another option
+
+
+def test_prefix_layout_follows_the_attention_kernel(ctx):
+    assert ctx.lm.prefix_layout == "packed"  # SDPA takes the block mask
+    base = ctx.lm.model.get_base_model()
+    was = base.config._attn_implementation
+    try:
+        base.config._attn_implementation = "flash_attention_2"  # no custom 4D masks there
+        assert ctx.lm.prefix_layout == "cache"
+    finally:
+        base.config._attn_implementation = was
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("max_length", [96, 12])
 @pytest.mark.parametrize("norm", ["sum", "mean", "char"])
-def test_option_scores_equal_the_plain_layout(max_length, norm):
-    c = _ctx(max_length=max_length)
+def test_option_scores_equal_the_plain_layout(max_length, norm, layout):
+    c = _ctx(max_length=max_length, layout=layout)
     shared = c.collator(EXAMPLES)
     if max_length == 12:  # options cut at their own place: one prefix per option there
-        assert shared.prefix.n_groups > len(EXAMPLES)
+        assert shared.padded_terms()[0][0] > len(EXAMPLES)
     plain = _plain(c.collator)(EXAMPLES)
     with torch.no_grad():
         got = scoring.option_logits(c.lm.logits(None, shared), shared, cloze_norm=norm)
@@ -81,7 +132,9 @@ def test_option_scores_equal_the_plain_layout(max_length, norm):
     torch.testing.assert_close(got, want, atol=1e-10, rtol=1e-10)
 
 
-def test_prediction_with_alpha_in_original_order_under_any_budget(ctx):
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_prediction_with_alpha_in_original_order_under_any_budget(layout):
+    ctx = _ctx(layout=layout)
     calm = methods.get("calm")(ctx)
     with torch.no_grad():
         for t in calm.alpha.params.values():
@@ -103,9 +156,10 @@ def _upper_and_grads(c: Context, calm, batch):
     return f, grads
 
 
+@pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("objective", ["options", "answer_tokens"])
-def test_training_forward_gradients_equal_the_plain_layout(objective):
-    c = _ctx("--upper-objective", objective, max_length=20)  # some options cut
+def test_training_forward_gradients_equal_the_plain_layout(objective, layout):
+    c = _ctx("--upper-objective", objective, max_length=20, layout=layout)  # some options cut
     calm = methods.get("calm")(c)
     with torch.no_grad():
         for t in calm.alpha.params.values():
@@ -120,15 +174,16 @@ def test_training_forward_gradients_equal_the_plain_layout(objective):
 
 
 @pytest.mark.parametrize("solver", ["itd", "aid"])
-def test_second_order_solvers_differentiate_through_the_cache(solver):
-    """ITD/AID take gradients of gradients through the prefix cache (eager attention)."""
+def test_second_order_solvers_differentiate_through_the_shared_prefix(solver):
+    """ITD/AID take gradients of gradients through either layout (eager attention)."""
     outs = []
-    for share in (True, False):
+    for share, layout in ((True, "packed"), (True, "cache"), (False, "packed")):
         cfg = C.parse_args(["--config", "tiny", "--mode", "cloze", "--solver", solver,
                             "--inner-steps", "1"])
         lm = load(cfg.model, device=torch.device("cpu"), seed=0, eager=True)
         lm.model.double()
-        col = Collator(lm.tokenizer, mode="cloze", max_length=96, share_prefix=share)
+        col = Collator(lm.tokenizer, mode="cloze", max_length=96, share_prefix=share,
+                       prefix_layout=layout)
         c = Context(cfg=cfg, lm=lm, collator=col, train_examples=EXAMPLES[:8],
                     calib_examples=EXAMPLES[8:], train_collator=col, option_token_ids=None)
         calm = methods.get("calm")(c)
@@ -137,15 +192,17 @@ def test_second_order_solvers_differentiate_through_the_cache(solver):
         res = calm.solver.step(calm.problem, outer, inner, upper_batch=col(EXAMPLES[8:]),
                                lower_batch=col(EXAMPLES[:4], options="gold"))
         outs.append(res)
-    for name in outs[0].outer_grad:
-        torch.testing.assert_close(outs[0].outer_grad[name], outs[1].outer_grad[name],
-                                   atol=1e-9, rtol=1e-6)
+    for got in outs[:2]:
+        for name in outs[-1].outer_grad:
+            torch.testing.assert_close(got.outer_grad[name], outs[-1].outer_grad[name],
+                                       atol=1e-9, rtol=1e-6)
 
 
-def test_rcft_step_equal_under_both_layouts():
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_rcft_step_equal_under_both_layouts(layout):
     losses, states = [], []
     for share in (True, False):
-        c = _ctx(share=share)
+        c = _ctx(share=share, layout=layout)
         m = methods.get("rcft")(c)
         m.predict = lambda ex, _c=c, _m=m: predict_option_logits(_c, _m, ex)
         losses.append(m.step(0)["loss"])
@@ -155,8 +212,10 @@ def test_rcft_step_equal_under_both_layouts():
         torch.testing.assert_close(states[0][n], states[1][n], atol=1e-9, rtol=1e-7)
 
 
-def test_budget_batches_cover_every_example_once_longest_first(ctx):
-    col = ctx.collator
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_budget_batches_cover_every_example_once_longest_first(ctx, layout):
+    col = copy.copy(ctx.collator)
+    col.prefix_layout = layout
     for budget in (1, 50, 200, 10_000):
         seen, prev_len = [], None
         for idx, b in budget_batches(EXAMPLES, col, budget):
@@ -173,8 +232,8 @@ def test_budget_batches_cover_every_example_once_longest_first(ctx):
         next(budget_batches(EXAMPLES, col, 0))
 
 
-def test_gradient_checkpointing_trains_unshared():
-    c = _ctx("--gradient-checkpointing")
+def test_gradient_checkpointing_trains_the_cache_layout_unshared():
+    c = _ctx("--gradient-checkpointing", layout="cache")
     c.lm.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     batch = c.collator(EXAMPLES[:3])
     with c.lm.mode(True), pytest.raises(ValueError, match="gradient checkpointing"):
@@ -182,6 +241,27 @@ def test_gradient_checkpointing_trains_unshared():
     assert c.stream("calib").next().prefix is None  # the runner's streams fall back
     with torch.no_grad():  # evaluation keeps the cache (nothing is checkpointed without grad)
         c.lm.logits(None, batch)
+
+
+def test_gradient_checkpointing_trains_the_packed_layout_shared():
+    """The packed layout is one forward: checkpointed, it gives the unshared gradients."""
+    c = _ctx("--gradient-checkpointing")
+    assert c.stream("calib").next().packed is not None  # the runner keeps it shared
+    packed, plain = c.collator(EXAMPLES[:4]), _plain(c.collator)(EXAMPLES[:4])
+
+    def grads(batch) -> list[torch.Tensor]:
+        inner = c.lm.inner()
+        with c.lm.mode(True):
+            f = scoring.option_logits(c.lm.logits(inner, batch), batch).logsumexp(-1).sum()
+        return list(torch.autograd.grad(f, list(inner.values())))
+
+    want = grads(plain)
+    c.lm.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    # the two layouts run different SDPA kernels (explicit mask vs is_causal), whose float64
+    # gradients agree to ~1e-7 of the largest entry here (eager vs SDPA on one layout differ as
+    # much); the forwards agree to the last digit
+    for a, b in zip(grads(packed), want):
+        torch.testing.assert_close(a, b, atol=1e-6 * float(b.abs().max()), rtol=1e-6)
 
 
 @pytest.mark.parametrize("shift", [0.0, 0.05])

@@ -7,8 +7,10 @@ the answer tokens. Letter batches are LEFT-padded so the answer position is the 
 (a model may then be called with ``logits_to_keep=1``); cloze and instruction batches are
 right-padded. Positions are ``cumsum(attention_mask) - 1`` so that padding never shifts them.
 
-With ``share_prefix`` a cloze batch of all options encodes each question's context once
-(`schema.Prefix`): the G prefixes and the S option continuations are right-padded, and
+With ``share_prefix`` a cloze batch of all options encodes each question's context once, in one
+of two layouts (``prefix_layout``). "packed" (`schema.Packed`): one row per question, its context
+followed by every option's continuation, run in a single forward under a block attention mask.
+"cache" (`schema.Prefix`): the G prefixes and the S option continuations are right-padded, and
 `model.CausalLM.logits` runs the continuations against the prefixes' KV cache. The sequences are
 cut exactly as in the unshared layout (the last ``max_length`` input tokens of each option), so
 both layouts score every option on the same tokens: a question none of whose options is cut
@@ -34,10 +36,11 @@ from .prompts import (
     letter_body,
     letter_prompt,
 )
-from .schema import Batch, InstructionExample, MCQAExample, Prefix
+from .schema import Batch, InstructionExample, MCQAExample, Packed, Prefix
 
 IGNORE = -100
 MODES = ("letter", "cloze")
+PREFIX_LAYOUTS = ("packed", "cache")
 PROMPT_STYLES = ("paper", "chat")
 
 
@@ -62,6 +65,10 @@ class Collator:
         share_prefix: cloze batches of all options (``options="all"``) encode each question's
             context once (`schema.Prefix`); off, every option repeats it (the plain layout that
             a single Hugging Face forward consumes).
+        prefix_layout: how a shared prefix is laid out: "packed" (one row per question under a
+            block mask: no padding between options and no KV-cache copies; needs an attention
+            kernel that takes a custom mask, SDPA or eager) or "cache" (prefixes run first, the
+            continuations against their gathered KV cache; any attention kernel).
     """
 
     def __init__(
@@ -74,6 +81,7 @@ class Collator:
         max_options: int = 5,
         letter_prefix: str | None = None,
         share_prefix: bool = False,
+        prefix_layout: str = "packed",
     ) -> None:
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
@@ -83,6 +91,8 @@ class Collator:
             raise ValueError(f"max_options must be in 2..{len(LETTERS)}, got {max_options}")
         if max_length < 2:
             raise ValueError(f"max_length must be >= 2, got {max_length}")
+        if prefix_layout not in PREFIX_LAYOUTS:
+            raise ValueError(f"prefix_layout must be one of {PREFIX_LAYOUTS}, got {prefix_layout!r}")
         if prompt_style == "chat" and not getattr(tokenizer, "chat_template", None):
             raise ValueError(
                 "prompt_style='chat' needs a tokenizer with a chat template; this one has none "
@@ -95,6 +105,7 @@ class Collator:
         self.max_options = max_options
         self.letter_prefix = (" " if prompt_style == "paper" else "") if letter_prefix is None else letter_prefix
         self.share_prefix = bool(share_prefix)
+        self.prefix_layout = prefix_layout
         self._encoded: dict[tuple[str, str], tuple[list[int], int]] = {}
         self.pad_id = _pad_id(tokenizer)
         self.eos_id = tokenizer.eos_token_id
@@ -288,17 +299,50 @@ class Collator:
                 for s in ss:
                     row_group[s], starts[s] = len(prefixes), cut
                 prefixes.append(rows[ss[0]][0][:cut])
-        # right-padded like the continuations: a pad position then still sees real tokens, so no
-        # attention row is fully masked (eager attention in float64 turns such rows into NaN,
-        # which a zero attention weight does not cancel: 0 · NaN = NaN)
-        pre_ids, _, pre_mask, pre_pos = self._pad([(p, p) for p in prefixes], left_pad=False)
         conts = [(inp[c:], tgt[c:]) for (inp, tgt, _), c in zip(rows, starts)]
         ids, tgt, mask, _ = self._pad(conts, left_pad=False)
         # continuation positions go on from where the row's own prefix stopped
         pos = torch.tensor(starts, dtype=torch.long)[:, None] + (mask.cumsum(1) - 1).clamp(min=0)
+        if self.prefix_layout == "packed":
+            packed = self._packed(prefixes, row_group, [c for c, _ in conts], starts, ids.shape[1])
+            return self._batch("cloze", ids, mask, pos, tgt, packed=packed, **meta)
+        # right-padded like the continuations: a pad position then still sees real tokens, so no
+        # attention row is fully masked (eager attention in float64 turns such rows into NaN,
+        # which a zero attention weight does not cancel: 0 · NaN = NaN)
+        pre_ids, _, pre_mask, pre_pos = self._pad([(p, p) for p in prefixes], left_pad=False)
         prefix = Prefix(input_ids=pre_ids, attention_mask=pre_mask, position_ids=pre_pos,
                         row_group=torch.tensor(row_group, dtype=torch.long))
         return self._batch("cloze", ids, mask, pos, tgt, prefix=prefix, **meta)
+
+    def _packed(
+        self, prefixes: list[list[int]], row_group: list[int], conts: list[list[int]],
+        starts: list[int], width: int,
+    ) -> Packed:
+        """`schema.Packed` rows: prefix g, then the continuations of the rows s with
+        ``row_group[s] == g`` in order; ``width`` is C, the continuation layout's width."""
+        ids = [list(p) for p in prefixes]
+        pos = [list(range(len(p))) for p in prefixes]
+        seg = [[0] * len(p) for p in prefixes]
+        where: list[tuple[int, int]] = []  # (packed row, column of the continuation's first token)
+        for s, (g, cont) in enumerate(zip(row_group, conts)):
+            where.append((g, len(ids[g])))
+            ids[g] += cont
+            pos[g] += range(starts[s], starts[s] + len(cont))
+            seg[g] += [max(seg[g]) + 1] * len(cont)
+        W = max(len(r) for r in ids)
+        input_ids = torch.full((len(ids), W), self.pad_id, dtype=torch.long)
+        position_ids = torch.zeros((len(ids), W), dtype=torch.long)
+        segment_ids = torch.full((len(ids), W), -1, dtype=torch.long)
+        for r in range(len(ids)):
+            n = len(ids[r])
+            input_ids[r, :n] = torch.tensor(ids[r], dtype=torch.long)
+            position_ids[r, :n] = torch.tensor(pos[r], dtype=torch.long)
+            segment_ids[r, :n] = torch.tensor(seg[r], dtype=torch.long)
+        target_index = torch.full((len(conts), width), -1, dtype=torch.long)
+        for s, ((g, col), cont) in enumerate(zip(where, conts)):
+            target_index[s, : len(cont)] = g * W + col + torch.arange(len(cont))
+        return Packed(input_ids=input_ids, position_ids=position_ids, segment_ids=segment_ids,
+                      target_index=target_index)
 
     def _instruction(self, examples: Sequence[InstructionExample]) -> Batch:
         seqs = [self.sequences(ex)[0] for ex in examples]
@@ -363,6 +407,7 @@ class Collator:
         cont_chars: list[int],
         option_token_ids: torch.Tensor | None = None,
         prefix: Prefix | None = None,
+        packed: Packed | None = None,
     ) -> Batch:
         return Batch(
             mode=mode,
@@ -378,6 +423,7 @@ class Collator:
             option_token_ids=option_token_ids,
             max_options=self.max_options,
             prefix=prefix,
+            packed=packed,
         )
 
 
@@ -431,8 +477,9 @@ def budget_batches(
 
     Examples are taken longest first (as lm-eval-harness orders its requests, so that the
     first batch is the largest one and padding stays small) and a batch grows while its padded
-    size — G·P + S·C for a shared-prefix batch of G prefixes of width P and S continuations of
-    width C, S·L in the plain layout — stays within ``max_tokens``; one example always fits.
+    size (`Batch.padded_terms`: R·W for R packed rows of width W, G·P + S·C for the cache
+    layout's G prefixes of width P and S continuations of width C, S·L in the plain layout)
+    stays within ``max_tokens``; one example always fits.
     ``max_examples`` > 0 also caps the questions per batch. Each example's size is measured on
     its own batch (the collator memoizes tokenization, so collating twice costs little).
     """
@@ -440,23 +487,25 @@ def budget_batches(
         raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
     if len(examples) == 0:
         return
-    sizes = []
-    for ex in examples:
-        b = collator([ex], options=options)
-        g, p = (b.prefix.input_ids.shape if b.prefix is not None else (0, 0))
-        s, c = b.input_ids.shape
-        sizes.append((int(g), int(p), int(s), int(c)))
-    order = sorted(range(len(examples)), key=lambda i: -(sizes[i][1] + sizes[i][3]))
+    sizes = [collator([ex], options=options).padded_terms() for ex in examples]
+    order = sorted(range(len(examples)), key=lambda i: -sum(w for _, w in sizes[i]))
     idx: list[int] = []
-    G = P = S = C = 0
+    rows: list[int] = []  # per padded tensor of the batch so far: total rows and widest row
+    widths: list[int] = []
     for i in order:
-        g, p, s, c = sizes[i]
-        cost = (G + g) * max(P, p) + (S + s) * max(C, c)
+        terms = sizes[i]
+        if len(terms) != len(rows):  # a question with its own layout (e.g. the plain one)
+            rows, widths = [0] * len(terms), [0] * len(terms)
+            if idx:
+                yield idx, collator([examples[j] for j in idx], options=options)
+                idx = []
+        cost = sum((r + t[0]) * max(w, t[1]) for r, w, t in zip(rows, widths, terms))
         if idx and (cost > max_tokens or (max_examples and len(idx) >= max_examples)):
             yield idx, collator([examples[j] for j in idx], options=options)
-            idx, G, P, S, C = [], 0, 0, 0, 0
+            idx, rows, widths = [], [0] * len(terms), [0] * len(terms)
         idx.append(i)
-        G, P, S, C = G + g, max(P, p), S + s, max(C, c)
+        rows = [r + t[0] for r, t in zip(rows, terms)]
+        widths = [max(w, t[1]) for w, t in zip(widths, terms)]
     yield idx, collator([examples[j] for j in idx], options=options)
 
 

@@ -12,6 +12,13 @@ own tensors hold only each option's continuation (S, C), right-padded: the model
 prefixes with a KV cache, gathers the cache to the S rows (``prefix.row_group``) and runs the
 continuations against it. Targets are laid out exactly as in the unshared layout, only without
 the prefix columns, so every scoring function works on either layout.
+
+Packed shared-prefix batches (``Batch.packed`` set, the faster layout where the attention kernel
+takes a custom mask): one row per question holds its context once followed by every option's
+continuation, and a block mask lets each option see the context and itself only. The batch's
+own tensors are the same (S, C) continuation layout as above; ``packed.target_index`` says where
+each continuation position sits in the packed rows, so the output projection runs at the target
+positions only.
 """
 
 from __future__ import annotations
@@ -80,6 +87,43 @@ class Prefix:
 
 
 @dataclass
+class Packed:
+    """The packed shared-prefix layout (see the module docstring).
+
+    ``input_ids``/``position_ids`` (R, W): row r is a prefix followed by the continuations of
+    the options that share it, right-padded; positions count from 0 at the prefix and every
+    continuation goes on from the prefix's length.
+    ``segment_ids`` (R, W): 0 on the prefix, j + 1 on the row's j-th continuation, -1 on padding.
+    ``target_index`` (S, C): ``r * W + t``, where continuation position (s, c) sits in the packed
+    rows; -1 on the continuations' padding.
+    """
+
+    input_ids: torch.Tensor
+    position_ids: torch.Tensor
+    segment_ids: torch.Tensor
+    target_index: torch.Tensor
+
+    def to(self, device: torch.device | str) -> Packed:
+        return Packed(*(getattr(self, f.name).to(device) for f in fields(self)))
+
+    def attention_mask(self, dtype: torch.dtype) -> torch.Tensor:
+        """(R, 1, W, W) additive mask: 0 where query q may attend to key k, the dtype's minimum
+        elsewhere. q sees k ≤ q of the prefix and of its own segment; a padding position sees
+        only itself, so no row is fully masked (a fully masked row is NaN in SDPA and eager)."""
+        import torch
+
+        seg = self.segment_ids
+        W = seg.shape[1]
+        pos = torch.arange(W, device=seg.device)
+        causal = pos[None, :] <= pos[:, None]  # [q, k]
+        sq, sk = seg[:, :, None], seg[:, None, :]
+        allowed = causal & (sk >= 0) & ((sk == 0) | (sk == sq))
+        allowed |= torch.eye(W, dtype=torch.bool, device=seg.device)
+        mask = torch.zeros(allowed.shape, dtype=dtype, device=seg.device)
+        return mask.masked_fill_(~allowed, torch.finfo(dtype).min)[:, None]
+
+
+@dataclass
 class Batch:
     """Tensors for one forward pass plus the bookkeeping that maps sequences to questions.
 
@@ -90,8 +134,10 @@ class Batch:
     of each option continuation (cloze per-char normalization; letter: 1, instruction: 0).
     ``option_token_ids`` (K,) is set in letter mode: the vocabulary ids of the option letters.
     ``max_options`` is K, the width of the option-score matrix (the collator's setting).
-    ``prefix`` is set on shared-prefix cloze batches: then ``input_ids``, ``attention_mask``,
-    ``position_ids`` and ``target_ids`` cover only the continuation columns (S, C).
+    ``prefix`` (cache layout) or ``packed`` is set on shared-prefix cloze batches: then
+    ``input_ids``, ``attention_mask``, ``position_ids`` and ``target_ids`` cover only the
+    continuation columns (S, C). A packed batch's logits are (M, V), at the True entries of
+    ``logit_rows`` (S, C) (None: ``target_ids != -100``), see `scoring`.
     """
 
     mode: str
@@ -107,6 +153,8 @@ class Batch:
     option_token_ids: torch.Tensor | None = None
     max_options: int | None = None
     prefix: Prefix | None = None
+    packed: Packed | None = None
+    logit_rows: torch.Tensor | None = None
 
     @property
     def n_questions(self) -> int:
@@ -123,19 +171,30 @@ class Batch:
         moved = {}
         for f in fields(self):
             v = getattr(self, f.name)
-            moved[f.name] = v.to(device) if isinstance(v, (torch.Tensor, Prefix)) else v
+            moved[f.name] = v.to(device) if isinstance(v, (torch.Tensor, Prefix, Packed)) else v
         return Batch(**moved)
 
     @property
     def n_tokens(self) -> int:
-        """Tokens fed to the model, padding included (prefix + continuation columns)."""
+        """Tokens fed to the model, padding included (prefix + continuation columns, or the
+        packed rows)."""
+        if self.packed is not None:
+            return self.packed.input_ids.numel()
         n = self.input_ids.numel()
         return n + (self.prefix.input_ids.numel() if self.prefix is not None else 0)
 
+    def padded_terms(self) -> list[tuple[int, int]]:
+        """(rows, width) of each padded tensor the model is fed: [(S, L)] in the plain layout,
+        [(G, P), (S, C)] in the cache layout, [(R, W)] packed (what a token budget counts)."""
+        if self.packed is not None:
+            return [tuple(self.packed.input_ids.shape)]
+        terms = [tuple(self.prefix.input_ids.shape)] if self.prefix is not None else []
+        return [*terms, tuple(self.input_ids.shape)]
+
     def model_inputs(self) -> dict[str, torch.Tensor]:
         """The keyword arguments for a Hugging Face causal LM forward (unshared layout)."""
-        if self.prefix is not None:
-            raise ValueError("a shared-prefix batch needs two forwards (model.CausalLM.logits)")
+        if self.prefix is not None or self.packed is not None:
+            raise ValueError("a shared-prefix batch is run by model.CausalLM.logits")
         return {
             "input_ids": self.input_ids,
             "attention_mask": self.attention_mask,

@@ -98,8 +98,10 @@ class Context:
         t = self.cfg.train
         examples = self.train_examples if kind == "train" else self.calib_examples
         collator = self.train_collator if kind == "train" else self.collator
-        if self.cfg.model.gradient_checkpointing and getattr(collator, "share_prefix", False):
-            # checkpointed layers drop the KV cache a shared prefix lives in: train unshared
+        if (self.cfg.model.gradient_checkpointing and getattr(collator, "share_prefix", False)
+                and getattr(collator, "prefix_layout", "") == "cache"):
+            # checkpointed layers drop the KV cache a cache-layout prefix lives in: train unshared
+            # (the packed layout is one forward and checkpoints like any other)
             collator = copy.copy(collator)
             collator.share_prefix = False
         per_rank = t.batch_size if kind == "train" else calib_batch_size(self.cfg)
@@ -164,7 +166,10 @@ def present_columns(option_logits: torch.Tensor) -> torch.Tensor:
 def gold_only(batch: Batch) -> Batch:
     """A cloze 'all options' batch whose targets keep only each question's gold continuation."""
     gold = batch.seq_option == batch.labels[batch.seq_question]
-    return replace(batch, target_ids=batch.target_ids.masked_fill(~gold[:, None], -100))
+    # (M, V) logits of a packed batch stay at the positions of the targets they were taken at
+    rows = batch.logit_rows if batch.logit_rows is not None else batch.target_ids != -100
+    return replace(batch, target_ids=batch.target_ids.masked_fill(~gold[:, None], -100),
+                   logit_rows=rows)
 
 
 def lr_lambda(cfg: Config) -> Callable[[int], float]:
