@@ -338,8 +338,9 @@ def write_markdown(path: Path, meta: dict[str, Any], records: list[dict[str, Any
         "# Cloze scoring: shared prefix vs the old layout vs lm-evaluation-harness", "",
         f"Model {meta['model']}, {meta['n']} questions per set, {meta['rounds']} round(s) "
         f"round-robin, max_length {meta['max_length']}, {meta['env']['threads']} threads, "
-        f"{meta['env']['date']}. Dense throughput (8 × 128 unpadded forward): "
-        f"{meta['dense_tokens_per_s']:.0f} tokens/s.", "",
+        f"{meta['env']['date']}. "
+        + (f"Dense throughput (8 × 128 unpadded forward): {meta['dense_tokens_per_s']:.0f} "
+           "tokens/s." if timing else "Agreement only (--no-timing)."), "",
         "## Agreement with the old layout (per-option log-likelihood)", "",
         "Against `before` (the unshared layout, float32 scoring) and against `exact` (the same "
         "float32 logits, log-softmax in float64).", "",
@@ -347,7 +348,7 @@ def write_markdown(path: Path, meta: dict[str, Any], records: list[dict[str, Any
             ["set", "candidate", "questions cut", "max abs Δ log-lik", "vs exact",
              "accuracy (before)", "conf-ECE (before)"],
             [[r["set"], r["candidate"], str(r["n_cut"]), f(r["max_abs_dll"], "err"),
-              f(r["max_abs_dll_exact"], "err"),
+              f(r["max_abs_dll_exact"], "err") if "max_abs_dll_exact" in r else "–",
               f"{r['accuracy']:.4f} ({r['accuracy_before']:.4f})",
               f"{r['conf_ece']:.4f} ({r['conf_ece_before']:.4f})"] for r in agree]),
         "", "## Time", "",
