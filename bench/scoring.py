@@ -198,6 +198,13 @@ def head_to_body_flops(ctx: Any) -> float:
     return head.numel() / body
 
 
+def _n_groups(b: Any) -> int:
+    """Prefixes of a one-question shared batch: 1, or one per option where its options were cut."""
+    if b.packed is not None:
+        return int(b.packed.input_ids.shape[0])
+    return b.prefix.n_groups if b.prefix is not None else 0
+
+
 def _fits(collator: Any, ex: Any) -> bool:
     """Whether every option's answer fits the collator's max_length (else it is an error)."""
     try:
@@ -289,7 +296,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             got.update({k: v.predict(examples, K) for k, v in lmevals.items()})
             for dt, oc in other.items():
                 got[f"{lay0}@{args.budgets[0]} {dt}"] = predict_shared(oc, examples, args.budgets[0], lay0)
-        n_cut = sum(int(c.collator([ex]).padded_terms()[0][0] > 1) for ex in examples)
+        n_cut = sum(int(_n_groups(c.collator([ex])) > 1) for ex in examples)
         for cand, ol in got.items():
             rec.add({"kind": "agreement", "set": name, "candidate": cand, "n": len(examples),
                      "n_cut": n_cut,

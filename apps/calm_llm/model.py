@@ -232,8 +232,9 @@ class CausalLM:
         last_only: bool = False,
         keep: int = 0,
     ) -> torch.Tensor:
-        """Vocabulary logits (S, L, V), float32 (float64 for a float64 model); only the last column (S, 1, V) when
-        ``last_only``, only the last ``keep`` columns (S, keep, V) when ``keep > 0``.
+        """Vocabulary logits (S, L, V), float32 (float64 for a float64 model); only the last
+        column (S, 1, V) when ``last_only``, only the last ``keep`` columns (S, keep, V) when
+        ``keep > 0``; (M, V) at the target positions for a packed batch (``keep`` unused).
 
         Keeping fewer columns skips the output projection (and the V-wide tensors after it)
         where there is no target; with V ≈ 50k that projection dominates memory.
@@ -280,17 +281,47 @@ class CausalLM:
 
     @property
     def prefix_layout(self) -> str:
-        """The shared-prefix layout this model runs fastest and correctly: "packed" where the
-        attention kernel takes a custom 4D mask (SDPA, eager) and the model is not FSDP-sharded
+        """The shared-prefix layout this model runs correctly and fastest: "packed" where the
+        attention kernel takes a custom 4D mask (SDPA, eager), the model is not FSDP-sharded
         (the packed forward calls the decoder and the head itself, past the root module's
-        unsharding hooks) and the head is a plain projection (soft-capping is applied; a
-        config ``logit_scale``/``logits_scaling`` is not known to it); "cache" otherwise."""
+        unsharding hooks), every layer is full attention (a sliding window, chunked attention
+        or a recurrent/convolutional layer ignores the block mask) and a packed forward gives
+        the plain forward's logits on a probe question (`_packed_agrees`: catches heads with
+        their own scaling); "cache" otherwise."""
         base = self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model
-        attn = getattr(base.config, "_attn_implementation", None) or "eager"
+        c = base.config
+        attn = getattr(c, "_attn_implementation", None) or "eager"
         sharded = hasattr(self.model, "unshard")  # an FSDP2 module
-        scaled = any(getattr(base.config, a, None) not in (None, 1, 1.0)
-                     for a in ("logit_scale", "logits_scaling"))
-        return "packed" if attn in ("sdpa", "eager") and not (sharded or scaled) else "cache"
+        windowed = bool(getattr(c, "sliding_window", None) and getattr(c, "use_sliding_window", True)
+                        or getattr(c, "attention_chunk_size", None))
+        mixed = any(t != "full_attention" for t in (getattr(c, "layer_types", None) or []))
+        if attn not in ("sdpa", "eager") or sharded or windowed or mixed:
+            return "cache"
+        return "packed" if self._packed_agrees else "cache"
+
+    @functools.cached_property
+    def _packed_agrees(self) -> bool:
+        """Whether a packed forward of a probe question (a 6-token context, options of 3 and 2
+        tokens) gives the plain forward's logits at every answer token, to 1e-3 of their scale
+        (bf16: 5e-2): once per model, two forwards of a few tokens."""
+        from .data.schema import Packed
+
+        ids = torch.arange(11, 22, device=self.device) % self.vocab_size
+        ctx, opts = ids[:6], [ids[6:9], ids[9:11]]
+        packed = torch.cat([ctx[:-1], ctx[-1:], opts[0][:-1], ctx[-1:], opts[1][:-1]])[None]
+        pos = torch.tensor([[0, 1, 2, 3, 4, 5, 6, 7, 5, 6]], device=self.device)
+        seg = torch.tensor([[0, 0, 0, 0, 0, 1, 1, 1, 2, 2]], device=self.device)
+        where = torch.arange(5, 10, device=self.device)
+        pk = Packed(input_ids=packed, position_ids=pos, segment_ids=seg, target_index=where[None])
+        dtype = self.model.get_input_embeddings().weight.dtype
+        with torch.no_grad(), self.mode(False):
+            got = _upcast(self._packed_forward(pk.input_ids, pk.attention_mask(dtype),
+                                               pk.position_ids, where))
+            want = [_upcast(self.model(input_ids=torch.cat([ctx, o[:-1]])[None], use_cache=False)
+                            .logits[0, 5:]) for o in opts]
+        want = torch.cat(want)
+        tol = (5e-2 if dtype in (torch.float16, torch.bfloat16) else 1e-3) * (1 + float(want.abs().max()))
+        return bool(torch.isfinite(got).all()) and float((got - want).abs().max()) <= tol
 
     @functools.cached_property
     def _packed_forward(self) -> nn.Module:
@@ -323,8 +354,9 @@ class CausalLM:
     def _packed_logits(self, inner: dict[str, torch.Tensor] | None, batch: Any) -> torch.Tensor:
         if self.prefix_layout != "packed":
             raise ValueError(
-                "a packed shared-prefix batch needs SDPA or eager attention and an unsharded model "
-                "(no FSDP); collate with prefix_layout=CausalLM.prefix_layout ('cache' here)"
+                "a packed shared-prefix batch needs SDPA or eager attention, full attention in "
+                "every layer and an unsharded model (no FSDP); collate with "
+                "prefix_layout=CausalLM.prefix_layout ('cache' here)"
             )
         pk = batch.packed
         rows = batch.logit_rows if batch.logit_rows is not None else batch.target_ids != IGNORE

@@ -301,3 +301,47 @@ def test_bf16_scores_close_to_fp32():
     fin = torch.isfinite(s32)
     assert torch.equal(fin, torch.isfinite(s16))
     assert float((s16[fin] - s32[fin]).abs().max()) < 0.5
+
+
+def test_prefix_layout_keeps_the_cache_where_the_block_mask_would_be_ignored():
+    """Sliding windows, chunked attention and non-attention layers ignore or break a custom
+    mask; a head the packed forward does not reproduce fails the probe: all use the cache."""
+    c = _ctx()
+    cfg = c.lm.model.get_base_model().config
+    for name, value in (("sliding_window", 4096), ("attention_chunk_size", 8192),
+                        ("layer_types", ["full_attention", "linear_attention"])):
+        was = getattr(cfg, name, None)
+        setattr(cfg, name, value)
+        try:
+            assert c.lm.prefix_layout == "cache", name
+        finally:
+            setattr(cfg, name, was)
+    assert c.lm.prefix_layout == "packed"
+    c2 = _ctx()  # a fresh model: the probe runs once per model
+    # the packed forward applies soft-capping, this Llama head does not: the probe disagrees
+    c2.lm.model.get_base_model().config.final_logit_softcapping = 1.0
+    assert not c2.lm._packed_agrees and c2.lm.prefix_layout == "cache"
+    with pytest.raises(ValueError, match="cache"):
+        with torch.no_grad():
+            c2.lm.logits(None, c2.collator(EXAMPLES[:2]))
+
+
+def test_budget_batches_never_mix_a_plain_fallback_into_a_shared_batch():
+    """A question whose answer fills max_length has no prefix and makes its batch plain: it is
+    batched with its own kind only, so every batch keeps to the budget."""
+    long_answer = MCQAExample("long", "Q?", ("short", "one two three four five six seven eight "
+                                             "nine ten eleven twelve"), 0, "synthetic")
+    for layout in LAYOUTS:
+        c = _ctx(max_length=12, layout=layout)
+        assert c.collator([long_answer]).prefix is None and c.collator([long_answer]).packed is None
+        examples = [long_answer, *EXAMPLES]
+        budget = 60
+        seen = []
+        for idx, b in budget_batches(examples, c.collator, budget):
+            seen += idx
+            assert len(idx) == 1 or b.n_tokens <= budget, (layout, idx, b.n_tokens)
+            if 0 in idx:
+                assert idx == [0] or all(
+                    c.collator([examples[i]]).packed is None
+                    and c.collator([examples[i]]).prefix is None for i in idx)
+        assert sorted(seen) == list(range(len(examples)))

@@ -63,7 +63,7 @@ class Collator:
             letter token is what ``tok(prompt + prefix + letter)`` adds beyond
             ``tok(prompt)``; it must be exactly one token.
         share_prefix: cloze batches of all options (``options="all"``) encode each question's
-            context once (`schema.Prefix`); off, every option repeats it (the plain layout that
+            context once (in ``prefix_layout``); off, every option repeats it (the plain layout that
             a single Hugging Face forward consumes).
         prefix_layout: how a shared prefix is laid out: "packed" (one row per question under a
             block mask: no padding between options and no KV-cache copies; needs an attention
@@ -487,18 +487,22 @@ def budget_batches(
         raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
     if len(examples) == 0:
         return
-    sizes = [collator([ex], options=options).padded_terms() for ex in examples]
-    order = sorted(range(len(examples)), key=lambda i: -sum(w for _, w in sizes[i]))
+    batches = [collator([ex], options=options) for ex in examples]
+    sizes = [b.padded_terms() for b in batches]
+    # a question that falls back to the plain layout (its answer fills the input) makes the
+    # whole batch plain: it is batched only with its own kind, so the budget counts true sizes
+    kinds = [(b.packed is not None, b.prefix is not None) for b in batches]
+    order = sorted(range(len(examples)), key=lambda i: (kinds[i], -sum(w for _, w in sizes[i])))
     idx: list[int] = []
     rows: list[int] = []  # per padded tensor of the batch so far: total rows and widest row
     widths: list[int] = []
     for i in order:
         terms = sizes[i]
-        if len(terms) != len(rows):  # a question with its own layout (e.g. the plain one)
+        if idx and kinds[i] != kinds[idx[-1]]:
+            yield idx, collator([examples[j] for j in idx], options=options)
+            idx = []
+        if not idx:
             rows, widths = [0] * len(terms), [0] * len(terms)
-            if idx:
-                yield idx, collator([examples[j] for j in idx], options=options)
-                idx = []
         cost = sum((r + t[0]) * max(w, t[1]) for r, w, t in zip(rows, widths, terms))
         if idx and (cost > max_tokens or (max_examples and len(idx) >= max_examples)):
             yield idx, collator([examples[j] for j in idx], options=options)

@@ -117,7 +117,7 @@ class Packed:
         pos = torch.arange(W, device=seg.device)
         causal = pos[None, :] <= pos[:, None]  # [q, k]
         sq, sk = seg[:, :, None], seg[:, None, :]
-        allowed = causal & (sk >= 0) & ((sk == 0) | (sk == sq))
+        allowed = causal & (sq >= 0) & (sk >= 0) & ((sk == 0) | (sk == sq))
         allowed |= torch.eye(W, dtype=torch.bool, device=seg.device)
         mask = torch.zeros(allowed.shape, dtype=dtype, device=seg.device)
         return mask.masked_fill_(~allowed, torch.finfo(dtype).min)[:, None]

@@ -122,12 +122,16 @@ class Context:
 
         Letter batches only need the answer column (``logits_to_keep=1``); other batches keep
         the columns from the first target on (`target_columns`), so the V-wide logits are
-        never materialized over prompt tokens. ``inner`` is synced over ranks.
+        never materialized over prompt tokens; a packed shared-prefix batch gives (M, V) at its
+        target positions, and the batch returned records them (``logit_rows``), so that a later
+        change of its targets (`gold_only`) cannot misalign them. ``inner`` is synced over ranks.
         """
         if inner is not None:
             inner = self.dist.sync(inner)
         if batch.mode == "letter":
             return self.lm.logits(inner, batch, last_only=True), batch
+        if batch.packed is not None and batch.logit_rows is None:
+            batch = replace(batch, logit_rows=batch.target_ids != -100)
         return self.lm.logits(inner, batch, keep=target_columns(batch)), batch
 
     def option_logits(self, logits: torch.Tensor, batch: Batch) -> torch.Tensor:
