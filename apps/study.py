@@ -203,12 +203,15 @@ LAPTOP = Study(
         Variant("aid", ("calm",), ("--solver", "aid", "--no-eval-without-alpha"),
                 note="the same bilevel problem through implicit differentiation (CG)"),
     ),
-    # median seconds per step in this study's seed-0 histories (2026-12-04, 2 cores); 0.13 s per
-    # scored question (the sft cell: 330 s, of which 150 s training)
+    # median seconds per step in this study's seed-0 histories (2026-12-04, 2 cores, before the
+    # packed shared-prefix layout: the CALM-family and RCFT steps, whose batches hold every
+    # option, have become faster since, e.g. calm_sgd 4.3 -> 2.9 s, itd 5.8 -> 4.3 s in seed 2);
+    # 0.06 s per scored question with packed scoring (rcft_released-seed2, 2026-12-05: 120 s, of
+    # which 60 s training; 0.13 s before)
     step_s={"sft": 1.22, "label_smoothing": 1.11, "rcft": 1.7, "calm": 4.8, "calm_iterate": 2.0,
             "calm_regularization": 2.9, "calm_scalar": 3.9, "calm:itd": 5.8, "calm:aid": 8.2,
             "none": 0.0, "ts": 0.0},
-    question_s=0.13, run_s=15.0, questions=700,
+    question_s=0.06, run_s=15.0, questions=700,
     # calm/calm too: the ablation claims compare each ablation with CALM itself
     baselines=("sft/sft", "reference/ts", "calm/calm"),
     seed_major=True,
