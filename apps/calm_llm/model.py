@@ -20,7 +20,6 @@ import torch
 from torch import nn
 
 from .config import ModelConfig
-from .data.collate import IGNORE
 from .distributed import Dist, shard_frozen_base
 
 DEFAULT_MODEL_NAMES = ("smollm2", "default")
@@ -359,8 +358,7 @@ class CausalLM:
                 "prefix_layout=CausalLM.prefix_layout ('cache' here)"
             )
         pk = batch.packed
-        rows = batch.logit_rows if batch.logit_rows is not None else batch.target_ids != IGNORE
-        where = pk.target_index[rows]  # (M,)
+        where = pk.target_index[batch.logit_positions]  # (M,)
         if bool((where < 0).any()):
             raise ValueError("packed batch: a target position has no packed position")
         # the hidden states' dtype (the embedding stays unquantized under 4/8-bit loading)

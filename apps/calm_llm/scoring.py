@@ -57,7 +57,7 @@ def at_targets(logits: torch.Tensor, batch: Batch) -> tuple[torch.Tensor, torch.
     (M,) sequence indices, in row-major (sequence, position) order; for (S, L', V) logits and
     for the (M0, V) logits of a packed batch (module docstring)."""
     if logits.dim() == 2:
-        rows = batch.logit_rows if batch.logit_rows is not None else batch.target_ids != IGNORE
+        rows = batch.logit_positions
         if logits.shape[0] != int(rows.sum()):
             raise ValueError(
                 f"logits hold {logits.shape[0]} positions, the batch's logit_rows {int(rows.sum())}"

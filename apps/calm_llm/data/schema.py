@@ -157,6 +157,12 @@ class Batch:
     logit_rows: torch.Tensor | None = None
 
     @property
+    def logit_positions(self) -> torch.Tensor:
+        """(S, L) bool: where the (M, V) logits of a packed batch sit, row-major — ``logit_rows``
+        when set, else the target positions."""
+        return self.logit_rows if self.logit_rows is not None else self.target_ids != -100
+
+    @property
     def n_questions(self) -> int:
         return int(self.labels.shape[0])
 

@@ -130,8 +130,8 @@ class Context:
             inner = self.dist.sync(inner)
         if batch.mode == "letter":
             return self.lm.logits(inner, batch, last_only=True), batch
-        if batch.packed is not None and batch.logit_rows is None:
-            batch = replace(batch, logit_rows=batch.target_ids != -100)
+        if batch.packed is not None:
+            batch = replace(batch, logit_rows=batch.logit_positions)
         return self.lm.logits(inner, batch, keep=target_columns(batch)), batch
 
     def option_logits(self, logits: torch.Tensor, batch: Batch) -> torch.Tensor:
@@ -171,9 +171,8 @@ def gold_only(batch: Batch) -> Batch:
     """A cloze 'all options' batch whose targets keep only each question's gold continuation."""
     gold = batch.seq_option == batch.labels[batch.seq_question]
     # (M, V) logits of a packed batch stay at the positions of the targets they were taken at
-    rows = batch.logit_rows if batch.logit_rows is not None else batch.target_ids != -100
     return replace(batch, target_ids=batch.target_ids.masked_fill(~gold[:, None], -100),
-                   logit_rows=rows)
+                   logit_rows=batch.logit_positions)
 
 
 def lr_lambda(cfg: Config) -> Callable[[int], float]:
