@@ -203,13 +203,17 @@ LAPTOP = Study(
         Variant("aid", ("calm",), ("--solver", "aid", "--no-eval-without-alpha"),
                 note="the same bilevel problem through implicit differentiation (CG)"),
     ),
-    # median seconds per step in this study's seed-0 histories (2026-12-04, 2 cores, before the
-    # packed shared-prefix layout: the CALM-family and RCFT steps, whose batches hold every
-    # option, have become faster since, e.g. calm_sgd 4.3 -> 2.9 s, itd 5.8 -> 4.3 s in seed 2);
-    # 0.06 s per scored question with packed scoring (rcft_released-seed2, 2026-12-05: 120 s, of
-    # which 60 s training; 0.13 s before)
-    step_s={"sft": 1.22, "label_smoothing": 1.11, "rcft": 1.7, "calm": 4.8, "calm_iterate": 2.0,
-            "calm_regularization": 2.9, "calm_scalar": 3.9, "calm:itd": 5.8, "calm:aid": 8.2,
+    # median seconds per step in this study's own histories (docs/results/laptop, 2 cores). SFT
+    # and label smoothing train on the gold answer alone, so their steps predate and equal the
+    # packed shared-prefix layout's (seed 0, 2026-12-04). The RCFT and CALM-family steps, whose
+    # batches hold every option, are the seed-2 cells run with packed scoring (2026-12-05): rcft
+    # 0.91 s, calm with plain-SGD BOME 2.94 s (taken for calm too: the same forward and backward
+    # passes, AdamW's update is negligible), itd 4.27 s, aid 6.56 s. The three ablations were
+    # only measured before packed scoring (seed 0); the others' steps fell to 0.54-0.80 of that,
+    # so theirs are an upper bound. 0.06 s per scored question with packed scoring
+    # (rcft_released-seed2: 120 s, of which 60 s training; 0.13 s before).
+    step_s={"sft": 1.22, "label_smoothing": 1.11, "rcft": 0.91, "calm": 2.94, "calm_iterate": 2.0,
+            "calm_regularization": 2.9, "calm_scalar": 3.9, "calm:itd": 4.27, "calm:aid": 6.56,
             "none": 0.0, "ts": 0.0},
     question_s=0.06, run_s=15.0, questions=700,
     # calm/calm too: the ablation claims compare each ablation with CALM itself
