@@ -16,13 +16,16 @@ them.
 The summary reports, per variant and row, the mean ± standard deviation over seeds of each
 metric, and a 95 % bootstrap interval of conf-ECE pooled over seeds that resamples *questions*
 (each drawn question brings its predictions from every seed), so seed noise and question noise
-are both in it.
+are both in it, and each row minus its baselines on the same questions. Open QA is summarised
+the same way from each row's saved answers, with Semantic-ECE of the semantic-cluster
+confidence in place of conf-ECE.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import gzip
 import json
 import subprocess
 import sys
@@ -243,6 +246,10 @@ LAPTOP_OPEN_QA = Study(
     # per question per row for sampling, greedy and verbalized answers
     step_s={"sft": 1.7, "calm": 6.1}, question_s=2.2, run_s=20.0, questions=120,
     baselines=("{variant}/sft", "{variant}/ts"),
+    # one direction per diagram, so each dataset's curves share a domain (in-domain TriviaQA,
+    # out-of-domain NQ-open)
+    figure_rows=("trivia_to_nq/none", "trivia_to_nq/ts", "trivia_to_nq/sft", "trivia_to_nq/calm",
+                 "trivia_to_nq/calm:no_alpha"),
 )
 
 # The papers' 7B protocol (configs/paper-7b.yaml) on four aligned models. The CALM paper names
@@ -435,52 +442,107 @@ def _predictions(run_dir: Path) -> dict[str, Any]:
     return load_file(str(f)) if f.is_file() else {}
 
 
-def pooled_interval(probs: list[np.ndarray], labels: np.ndarray, *, n_boot: int = 1000,
-                    n_bins: int = 10, seed: int = 0) -> tuple[float, float]:
-    """95 % interval of the mean-over-seeds conf-ECE, resampling questions jointly across seeds.
+@dataclasses.dataclass(frozen=True)
+class Questions:
+    """One seed's predictions of one row on a dataset's N questions, as the question-level
+    numbers (pooled intervals, paired differences) resample them.
 
-    ``probs``: one (N, K) array per seed, rows aligned on the same N questions; ``labels``: (N,).
+    Multiple choice (``options``): ``x`` the option probabilities (N, K), ``y`` the labels (N,);
+    the calibration error is conf-ECE. Open QA (``binary``): ``x`` the semantic-cluster
+    confidence (N,), ``y`` whether the modal sampled answer is right (N,); the calibration error
+    is Semantic-ECE (the same equal-width binning over a binary outcome). ``ids`` name the
+    questions where the run saved them, so rows are only paired on the same questions.
     """
-    import torch
 
-    from calibration.metrics import conf_ece
+    kind: str  # "options" | "binary"
+    x: np.ndarray
+    y: np.ndarray
+    ids: tuple[str, ...] | None = None
 
+    @classmethod
+    def options(cls, probs: np.ndarray, labels: np.ndarray) -> Questions:
+        return cls("options", np.asarray(probs, dtype=np.float64), np.asarray(labels))
+
+    @classmethod
+    def binary(cls, confidence: np.ndarray, correct: np.ndarray,
+               ids: Sequence[str] | None = None) -> Questions:
+        return cls("binary", np.asarray(confidence, dtype=np.float64), np.asarray(correct, dtype=bool),
+                   None if ids is None else tuple(ids))
+
+    @property
+    def n(self) -> int:
+        return int(self.y.shape[0])
+
+    @property
+    def error_name(self) -> str:
+        """The calibration error's key in ``study.json``: ``conf_ece`` or ``semantic_ece``."""
+        return "conf_ece" if self.kind == "options" else "semantic_ece"
+
+    def error(self, idx: np.ndarray, n_bins: int = 10) -> float:
+        """conf-ECE (options) or Semantic-ECE (binary) of the questions ``idx`` (with repeats)."""
+        import torch
+
+        if self.kind == "options":
+            from calibration.metrics import conf_ece
+
+            return conf_ece(torch.from_numpy(self.x[idx]), torch.from_numpy(self.y[idx]), n_bins=n_bins)
+        from calibration.semantic import semantic_ece
+
+        return semantic_ece(torch.from_numpy(self.x[idx]), torch.from_numpy(self.y[idx]), n_bins)
+
+    def accuracy(self, idx: np.ndarray) -> float:
+        right = self.x[idx].argmax(axis=1) == self.y[idx] if self.kind == "options" else self.y[idx]
+        return float(np.mean(right))
+
+
+def _aligned(*rows: list[Questions]) -> tuple[int, str]:
+    """The common number of questions and calibration-error name of rows' seeds; a clear error
+    when they are not predictions of the same kind on the same questions."""
+    seeds = [q for row in rows for q in row]
+    if not seeds:
+        raise ValueError("no seeds to resample")
+    first = seeds[0]
+    for q in seeds[1:]:
+        if q.kind != first.kind or q.n != first.n:
+            raise ValueError(f"seeds disagree on the questions: {q.kind} N={q.n} vs "
+                             f"{first.kind} N={first.n}")
+        if q.ids is not None and first.ids is not None and q.ids != first.ids:
+            raise ValueError("seeds answered different questions (their ids differ); run every "
+                             "cell with the same --split-seed")
+    return first.n, first.error_name
+
+
+def pooled_interval(seeds: list[Questions], *, n_boot: int = 1000, n_bins: int = 10,
+                    seed: int = 0) -> tuple[float, float]:
+    """95 % interval of the mean-over-seeds calibration error (conf-ECE or Semantic-ECE),
+    resampling questions jointly across seeds (each drawn question brings every seed's
+    prediction of it), so seed noise and question noise are both in it."""
+    n, _ = _aligned(seeds)
     rng = np.random.default_rng(seed)
-    n = labels.shape[0]
     values = np.empty(n_boot)
     for b in range(n_boot):
         idx = rng.integers(0, n, n)
-        values[b] = np.mean([conf_ece(torch.from_numpy(p[idx]), torch.from_numpy(labels[idx]),
-                                      n_bins=n_bins) for p in probs])
+        values[b] = np.mean([q.error(idx, n_bins) for q in seeds])
     return float(np.quantile(values, 0.025)), float(np.quantile(values, 0.975))
 
 
-def _seed_mean(metric: Any, probs: list[np.ndarray], labels: np.ndarray, idx: np.ndarray) -> float:
-    import torch
-
-    y = torch.from_numpy(labels[idx])
-    return float(np.mean([metric(torch.from_numpy(p[idx]), y) for p in probs]))
-
-
-def paired_difference(probs_a: list[np.ndarray], probs_b: list[np.ndarray], labels: np.ndarray,
-                      *, n_boot: int = 1000, seed: int = 0) -> dict[str, dict[str, float]]:
-    """Row a minus row b on the same questions: conf-ECE and accuracy, each averaged over the
-    row's seeds, with a 95 % bootstrap interval that resamples questions once for both rows
-    (so question difficulty cancels) and the share of resamples in which a is not better.
-
-    ``probs_a``/``probs_b``: one (N, K) array per seed of each row; ``labels``: (N,).
-    """
-    from calibration.metrics import accuracy, conf_ece
-
+def paired_difference(a: list[Questions], b: list[Questions], *, n_boot: int = 1000,
+                      seed: int = 0) -> dict[str, dict[str, float]]:
+    """Row a minus row b on the same questions: the calibration error (key ``conf_ece`` or
+    ``semantic_ece``) and accuracy, each averaged over the row's seeds, with a 95 % bootstrap
+    interval that resamples questions once for both rows (so question difficulty cancels) and
+    the share of resamples in which a is not better."""
+    n, error_name = _aligned(a, b)
     rng = np.random.default_rng(seed)
-    n = labels.shape[0]
     full = np.arange(n)
-    out = {}
     draws = [rng.integers(0, n, n) for _ in range(n_boot)]
-    for name, metric, lower_better in (("conf_ece", conf_ece, True), ("accuracy", accuracy, False)):
-        diff = _seed_mean(metric, probs_a, labels, full) - _seed_mean(metric, probs_b, labels, full)
-        boot = np.array([_seed_mean(metric, probs_a, labels, i) - _seed_mean(metric, probs_b, labels, i)
-                         for i in draws])
+    out = {}
+    for name, lower_better in ((error_name, True), ("accuracy", False)):
+        def mean(row: list[Questions], idx: np.ndarray, name: str = name) -> float:
+            return float(np.mean([q.error(idx) if name != "accuracy" else q.accuracy(idx) for q in row]))
+
+        diff = mean(a, full) - mean(b, full)
+        boot = np.array([mean(a, i) - mean(b, i) for i in draws])
         worse = boot >= 0 if lower_better else boot <= 0
         out[name] = {"diff": float(diff), "ci": [float(np.quantile(boot, 0.025)),
                                                  float(np.quantile(boot, 0.975))],
@@ -544,9 +606,10 @@ def _carry_forward(rows: dict[str, dict[str, Any]], previous: dict[str, Any]) ->
             continue
         for ds, d in entry["datasets"].items():
             b = before.get("datasets", {}).get(ds, {})
-            if "conf_ece_pooled_ci" not in d and "conf_ece_pooled_ci" in b:
-                d["conf_ece_pooled_ci"] = b["conf_ece_pooled_ci"]
-                d.setdefault("carried", []).append("conf_ece_pooled_ci")
+            for ci in ("conf_ece_pooled_ci", "semantic_ece_pooled_ci"):
+                if ci not in d and ci in b:
+                    d[ci] = b[ci]
+                    d.setdefault("carried", []).append(ci)
             for base, value in b.get("vs", {}).items():
                 same_base = old.get(base, {}).get("seeds") == rows.get(base, {}).get("seeds")
                 if base not in d["vs"] and same_base:
@@ -558,7 +621,7 @@ def _add_cell(rows: dict[str, dict[str, Any]], c: Cell, run_dir: Path) -> None:
     """One finished cell's rows into ``rows``: each metric's per-seed value, the option
     probabilities (when kept) and the training dynamics, by ``variant/row`` and dataset."""
     results = json.loads((run_dir / "metrics.json").read_text())["results"]
-    preds = _predictions(run_dir)
+    questions = _questions(run_dir)
     for row, per_ds in results.items():
         key = f"{c.variant.name}/{row}"
         entry = rows.setdefault(key, {"variant": c.variant.name, "row": row, "seeds": [],
@@ -569,7 +632,7 @@ def _add_cell(rows: dict[str, dict[str, Any]], c: Cell, run_dir: Path) -> None:
             entry.setdefault("_dynamics", []).append(dynamics(history))
         for ds, r in per_ds.items():
             d = entry["datasets"].setdefault(ds, {"domain": r["domain"], "values": {},
-                                                  "_probs": [], "_labels": None})
+                                                  "_questions": []})
             base = results.get(row.split(":", 1)[0], {}).get(ds, {})
             # runs before the fix copied the α row's calibration numbers into :no_alpha
             copied = row.endswith(":no_alpha") and r.get("calib_nll") == base.get("calib_nll")
@@ -583,10 +646,29 @@ def _add_cell(rows: dict[str, dict[str, Any]], c: Cell, run_dir: Path) -> None:
                 if kind == "semantic" and "mean_confidence" in conf:
                     d["values"].setdefault("mean_confidence", []).append(
                         float(conf["mean_confidence"]))
-            p = preds.get(f"{row}/{ds}/probs")  # (N, K_max), zero-padded options
-            if p is not None:
-                d["_probs"].append(p.double().numpy())
-                d["_labels"] = preds[f"{row}/{ds}/labels"].numpy()
+            q = questions.get((row, ds))
+            if q is not None:
+                d["_questions"].append(q)
+
+
+def _questions(run_dir: Path) -> dict[tuple[str, str], Questions]:
+    """(row, dataset) -> the cell's question-level predictions: the option probabilities of
+    ``predictions.safetensors`` (multiple choice; (N, K_max), zero-padded options), or the
+    semantic-cluster confidence and modal correctness of the records an open-QA run keeps; empty
+    for a published cell kept without them."""
+    out: dict[tuple[str, str], Questions] = {}
+    preds = _predictions(run_dir)
+    for name, p in preds.items():
+        row, ds, what = name.rsplit("/", 2)
+        if what == "probs":
+            out[(row, ds)] = Questions.options(p.double().numpy(), preds[f"{row}/{ds}/labels"].numpy())
+    from apps.calm_llm.open_qa import score
+
+    for row, per_ds in score.read_records(run_dir).items():
+        for ds, records in per_ds.items():
+            conf, correct = score.confidence_pairs(records, "semantic")
+            out[(row, ds)] = Questions.binary(conf.numpy(), correct.numpy(), [r.id for r in records])
+    return out
 
 
 def summarize(study: Study, root: Path, *, n_boot: int = 1000) -> dict[str, Any]:
@@ -604,28 +686,29 @@ def summarize(study: Study, root: Path, *, n_boot: int = 1000) -> dict[str, Any]
             _add_cell(rows, c, root / c.name)
     for entry in rows.values():
         for d in entry["datasets"].values():
-            if len(d["_probs"]) != len(entry["seeds"]):  # question-level numbers need every seed
-                d["_probs"] = []
+            qs = d["_questions"]
+            if len(qs) != len(entry["seeds"]):  # question-level numbers need every seed
+                d["_questions"] = qs = []
             d["mean"] = {m: float(np.mean(v)) for m, v in d["values"].items()}
             d["std"] = {m: float(np.std(v, ddof=1)) if len(v) > 1 else 0.0
                         for m, v in d["values"].items()}
-            if d["_probs"]:
-                d["conf_ece_pooled_ci"] = pooled_interval(d["_probs"], d["_labels"], n_boot=n_boot)
-                if study.chance_table:  # the first seed's prediction
-                    d["vs_chance"] = against_chance(d["_probs"][0], d["_labels"])
+            if qs:
+                d[f"{qs[0].error_name}_pooled_ci"] = pooled_interval(qs, n_boot=n_boot)
+                if study.chance_table and qs[0].kind == "options":  # the first seed's prediction
+                    d["vs_chance"] = against_chance(qs[0].x, qs[0].y)
     for key, entry in rows.items():  # paired against the baselines, on the same questions
         for ds, d in entry["datasets"].items():
             d["vs"] = {}
             for template in study.baselines:
                 base = template.format(variant=entry["variant"])
                 b = rows.get(base, {}).get("datasets", {}).get(ds)
-                if base != key and b is not None and d["_probs"] and b["_probs"]:
-                    d["vs"][base] = paired_difference(d["_probs"], b["_probs"], d["_labels"],
+                if base != key and b is not None and d["_questions"] and b["_questions"]:
+                    d["vs"][base] = paired_difference(d["_questions"], b["_questions"],
                                                       n_boot=n_boot)
     _carry_forward(rows, previous)
     for entry in rows.values():
         for d in entry["datasets"].values():
-            del d["_probs"], d["_labels"]
+            del d["_questions"]
         per_seed = entry.pop("_dynamics", [])
         if per_seed:
             entry["dynamics"] = {k: float(np.mean([p[k] for p in per_seed])) for k in per_seed[0]}
@@ -645,7 +728,9 @@ def _open_qa_table(summary: dict[str, Any], ds: str) -> list[str]:
     kinds = [k for k in ("semantic", "split_half") if k in kinds] + \
         [k for k in kinds if k not in ("semantic", "split_half")]
     cols = [("accuracy", "accuracy"), ("greedy accuracy", "greedy_accuracy"),
-            *((f"Semantic-ECE ({k})", f"semantic_ece/{k}") for k in kinds),
+            *((f"Semantic-ECE ({k})", f"semantic_ece/{k}") for k in kinds[:1]),
+            ("pooled 95% CI", "semantic_ece_pooled_ci"),
+            *((f"Semantic-ECE ({k})", f"semantic_ece/{k}") for k in kinds[1:]),
             ("Brier", "brier"), ("AUROC", "auroc"), ("confidence", "mean_confidence")]
     lines = ["| variant / row | seeds | " + " | ".join(c[0] for c in cols) + " |",
              "|---|---|" + "---|" * len(cols)]
@@ -653,9 +738,16 @@ def _open_qa_table(summary: dict[str, Any], ds: str) -> list[str]:
         d = e["datasets"].get(ds)
         if d is not None:
             lines.append(f"| {key} | {len(e['seeds'])} | " + " | ".join(
+                _pooled_cell(d, m) if m.endswith("_pooled_ci") else
                 f"{d['mean'][m]:.3f} ± {d['std'][m]:.3f}" if m in d["mean"] else "–"
                 for _, m in cols) + " |")
     return lines
+
+
+def _pooled_cell(d: dict[str, Any], key: str) -> str:
+    ci = d.get(key)
+    mark = "†" if key in d.get("carried", ()) else ""
+    return f"[{ci[0]:.3f}, {ci[1]:.3f}]{mark}" if ci else "–"
 
 
 def _metrics_table(summary: dict[str, Any], ds: str) -> list[str]:
@@ -671,11 +763,8 @@ def _metrics_table(summary: dict[str, Any], ds: str) -> list[str]:
         def cell(m: str, d: dict = d) -> str:
             return f"{d['mean'][m]:.3f} ± {d['std'][m]:.3f}" if m in d["mean"] else "–"
 
-        ci = d.get("conf_ece_pooled_ci")
-        mark = "†" if "conf_ece_pooled_ci" in d.get("carried", ()) else ""
-        ci_s = f"[{ci[0]:.3f}, {ci[1]:.3f}]{mark}" if ci else "–"
         lines.append(f"| {key} | {len(e['seeds'])} | {cell('accuracy')} | {cell('conf_ece')} | "
-                     f"{ci_s} | {cell('cw_ece')} | {cell('brier')} | {cell('nll')} | "
+                     f"{_pooled_cell(d, 'conf_ece_pooled_ci')} | {cell('cw_ece')} | {cell('brier')} | {cell('nll')} | "
                      f"{cell('mean_confidence')} | {cell('calib_nll')} | {cell('calib_conf_ece')} |")
     return lines
 
@@ -684,14 +773,18 @@ def _paired_table(summary: dict[str, Any], ds: str) -> list[str]:
     bases = summary.get("baselines", [])
     if not bases:
         return []
-    head = "| variant / row | " + " | ".join(f"Δ conf-ECE vs {b} | Δ accuracy vs {b}" for b in bases) + " |"
+    open_qa = any("semantic_ece" in e["datasets"].get(ds, {}).get("mean", {})
+                  for e in summary["rows"].values())
+    error, label = ("semantic_ece", "Semantic-ECE") if open_qa else ("conf_ece", "conf-ECE")
+    names = [b.format(variant="<variant>") for b in bases]  # "{variant}/sft": each variant's own
+    head = "| variant / row | " + " | ".join(f"Δ {label} vs {b} | Δ accuracy vs {b}" for b in names) + " |"
     lines = [head, "|---|" + "---|---|" * len(bases)]
     for key, e in summary["rows"].items():
         vs = e["datasets"].get(ds, {}).get("vs", {})
         cells = []
         for template in bases:
             b = template.format(variant=e["variant"])
-            for m in ("conf_ece", "accuracy"):
+            for m in (error, "accuracy"):
                 v = vs.get(b, {}).get(m)
                 mark = "†" if f"vs {b}" in e["datasets"].get(ds, {}).get("carried", ()) else ""
                 cells.append("–" if v is None else
@@ -754,6 +847,8 @@ def publish(study: Study, root: Path, dest: Path) -> list[Path]:
     files written."""
     import shutil
 
+    from apps.calm_llm.open_qa.score import PREDICTIONS as OPEN_QA_RECORDS
+
     written = []
     for c in cells(study):
         src = root / c.name
@@ -764,6 +859,10 @@ def publish(study: Study, root: Path, dest: Path) -> list[Path]:
             if (src / name).is_file():
                 (dest / c.name).mkdir(parents=True, exist_ok=True)
                 written.append(Path(shutil.copy2(src / name, dest / c.name / name)))
+        if (src / OPEN_QA_RECORDS).is_file():  # every sampled answer: ~1 MB a cell, ~8x smaller gzipped
+            out = dest / c.name / f"{OPEN_QA_RECORDS}.gz"
+            out.write_bytes(gzip.compress((src / OPEN_QA_RECORDS).read_bytes(), mtime=0))
+            written.append(out)
     for name in ("study.json", "study.md", "cells.jsonl"):
         if (root / name).is_file():
             dest.mkdir(parents=True, exist_ok=True)

@@ -23,39 +23,42 @@ import numpy as np
 LOSS_KEYS = ("lower_loss", "sft_loss", "loss")
 
 
-def _pooled(study: Any, root: Path, key: str) -> dict[str, tuple[np.ndarray, np.ndarray, int]]:
-    """dataset -> (probs (S·N, K), labels (S·N,), S) of row ``variant/row`` over its S finished
-    seeds that kept predictions."""
+def _pooled(study: Any, root: Path, key: str) -> dict[str, tuple[np.ndarray, np.ndarray, int, str]]:
+    """dataset -> (x, y, S, kind) of row ``variant/row`` over its S finished seeds that kept
+    question-level predictions, seeds concatenated in order: option probabilities (S·N, K) and
+    labels (S·N,) for multiple choice (kind ``options``), the semantic-cluster confidence and
+    modal correctness (S·N,) for open QA (kind ``binary``)."""
     from apps import study as st
 
     variant, row = key.split("/", 1)
-    per_ds: dict[str, tuple[list[np.ndarray], list[np.ndarray]]] = {}
+    per_ds: dict[str, list[Any]] = {}
     for c in st.cells(study):
         if c.variant.name != variant or not st.done(root / c.name, c):
             continue
-        preds = st._predictions(root / c.name)
-        for name, p in preds.items():
-            parts = name.split("/")
-            if len(parts) == 3 and parts[0] == row and parts[2] == "probs":
-                ps, ls = per_ds.setdefault(parts[1], ([], []))
-                ps.append(p.double().numpy())
-                ls.append(preds[f"{row}/{parts[1]}/labels"].numpy())
-    return {ds: (np.concatenate(ps), np.concatenate(ls), len(ps)) for ds, (ps, ls) in per_ds.items()}
+        for (r, ds), q in st._questions(root / c.name).items():
+            if r == row:
+                per_ds.setdefault(ds, []).append(q)
+    return {ds: (np.concatenate([q.x for q in qs]), np.concatenate([q.y for q in qs]), len(qs),
+                 qs[0].kind) for ds, qs in per_ds.items()}
 
 
 def reliability(study: Any, root: Path, dest: Path, rows: tuple[str, ...]) -> list[Path]:
     """``reliability_<dataset>.png`` under ``dest``: the pooled diagram of each row in ``rows``
-    that has predictions (a row without any is left out, not drawn empty)."""
+    that has predictions (a row without any is left out, not drawn empty); open QA's rows are
+    drawn by their semantic-cluster confidence."""
     import torch
 
     from calibration.plots import reliability_diagram
 
     curves: dict[str, dict[str, tuple[Any, Any]]] = {}
+    kinds: dict[str, str] = {}
     for key in rows:
-        for ds, (p, y, n_seeds) in _pooled(study, root, key).items():
-            curves.setdefault(ds, {})[f"{key} ({n_seeds} seeds)"] = (torch.from_numpy(p),
+        for ds, (x, y, n_seeds, kind) in _pooled(study, root, key).items():
+            curves.setdefault(ds, {})[f"{key} ({n_seeds} seeds)"] = (torch.from_numpy(x),
                                                                      torch.from_numpy(y))
+            kinds[ds] = kind
     return [reliability_diagram(c, dest / f"reliability_{ds}.png",
+                                mode="binary" if kinds[ds] == "binary" else "top",
                                 title=f"{study.name}: {ds}, pooled over seeds "
                                       "(ECE of the pooled points)")
             for ds, c in curves.items()]

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 import math
 
 import pytest
 import torch
 
+from apps.calm_llm.io import CorruptFile
 from apps.calm_llm.open_qa import score
 from calibration import semantic
 
@@ -89,6 +91,15 @@ def test_write_and_read_back(tmp_path, records):
     assert score.read_records(tmp_path) == {"none": {"trivia_qa": records}}
     assert (tmp_path / "reliability_trivia_qa.png").stat().st_size > 0
     assert "| none |" in (tmp_path / "results.md").read_text()
+    # the gzip a published study keeps reads back the same; a cut one is named
+    raw = (tmp_path / score.PREDICTIONS).read_bytes()
+    (tmp_path / score.PREDICTIONS).unlink()
+    packed = tmp_path / (score.PREDICTIONS + ".gz")
+    packed.write_bytes(gzip.compress(raw))
+    assert score.read_records(tmp_path) == {"none": {"trivia_qa": records}}
+    packed.write_bytes(gzip.compress(raw)[:40])
+    with pytest.raises(CorruptFile, match="open_qa_predictions.json.gz"):
+        score.read_records(tmp_path)
 
 
 def test_unknown_kind_is_named(records):

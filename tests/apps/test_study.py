@@ -8,6 +8,7 @@ import torch
 
 from apps import study as S
 from calibration.metrics import conf_ece
+from calibration.semantic import semantic_ece
 
 TINY = S.Study(
     name="tiny",
@@ -108,28 +109,53 @@ def test_pooled_interval_resamples_questions_jointly():
     rng = np.random.default_rng(0)
     labels = rng.integers(0, 3, 40)
     probs = [rng.dirichlet(np.ones(3), 40) for _ in range(3)]
-    lo, hi = S.pooled_interval(probs, labels, n_boot=200)
+    seeds = [S.Questions.options(p, labels) for p in probs]
+    lo, hi = S.pooled_interval(seeds, n_boot=200)
     mean = np.mean([conf_ece(torch.from_numpy(p), torch.from_numpy(labels)) for p in probs])
     assert lo < mean < hi
     # identical seeds: the pooled interval is the single-seed bootstrap of the same resamples
-    same = S.pooled_interval([probs[0]] * 3, labels, n_boot=200)
-    assert same == pytest.approx(S.pooled_interval([probs[0]], labels, n_boot=200))
+    same = S.pooled_interval(seeds[:1] * 3, n_boot=200)
+    assert same == pytest.approx(S.pooled_interval(seeds[:1], n_boot=200))
 
 
 def test_paired_difference_of_a_row_with_itself_is_exactly_zero():
     rng = np.random.default_rng(1)
     labels = rng.integers(0, 4, 30)
     probs = [rng.dirichlet(np.ones(4), 30) for _ in range(2)]
-    same = S.paired_difference(probs, probs, labels, n_boot=50)
+    rows = [S.Questions.options(p, labels) for p in probs]
+    same = S.paired_difference(rows, rows, n_boot=50)
     for m in ("conf_ece", "accuracy"):
         assert same[m]["diff"] == 0.0 and same[m]["ci"] == [0.0, 0.0]
         assert same[m]["p_not_better"] == 1.0  # never better than itself
     # a perfect row beats a uniform one in accuracy on every resample
-    perfect = [np.eye(4)[labels]]
-    uniform = [np.full((30, 4), 0.25)]
-    acc = S.paired_difference(perfect, uniform, labels, n_boot=50)["accuracy"]
-    assert acc["diff"] == pytest.approx(1.0 - np.mean(np.argmax(uniform[0], 1) == labels))
+    perfect = [S.Questions.options(np.eye(4)[labels], labels)]
+    uniform = np.full((30, 4), 0.25)
+    acc = S.paired_difference(perfect, [S.Questions.options(uniform, labels)], n_boot=50)["accuracy"]
+    assert acc["diff"] == pytest.approx(1.0 - np.mean(np.argmax(uniform, 1) == labels))
     assert acc["p_not_better"] == 0.0
+
+
+def test_open_qa_rows_resample_semantic_ece_of_each_seeds_own_answers():
+    rng = np.random.default_rng(2)
+    ids = [f"q{i}" for i in range(50)]
+    # open QA: each seed answers for itself, so correctness differs between seeds
+    a = [S.Questions.binary(rng.uniform(0, 1, 50), rng.uniform(0, 1, 50) < 0.3, ids) for _ in range(3)]
+    b = [S.Questions.binary(rng.uniform(0, 0.2, 50), rng.uniform(0, 1, 50) < 0.1, ids) for _ in range(3)]
+    exact = [semantic_ece(torch.from_numpy(q.x), torch.from_numpy(q.y), 10) for q in a]
+    lo, hi = S.pooled_interval(a, n_boot=200)
+    assert lo < np.mean(exact) < hi
+    diff = S.paired_difference(a, b, n_boot=100)
+    assert set(diff) == {"semantic_ece", "accuracy"}
+    exact_b = [semantic_ece(torch.from_numpy(q.x), torch.from_numpy(q.y), 10) for q in b]
+    assert diff["semantic_ece"]["diff"] == pytest.approx(np.mean(exact) - np.mean(exact_b))
+    assert diff["accuracy"]["diff"] == pytest.approx(
+        np.mean([q.y.mean() for q in a]) - np.mean([q.y.mean() for q in b]))
+    # rows are only paired on the same questions, and only with rows of their own kind
+    other = [S.Questions.binary(q.x, q.y, [f"r{i}" for i in range(50)]) for q in b]
+    with pytest.raises(ValueError, match="different questions"):
+        S.paired_difference(a, other, n_boot=10)
+    with pytest.raises(ValueError, match="disagree"):
+        S.pooled_interval([a[0], S.Questions.options(np.full((50, 2), 0.5), np.zeros(50, int))])
 
 
 def test_dynamics_average_the_steps_and_keep_alphas_last_range(tmp_path):
@@ -186,7 +212,64 @@ def test_open_qa_cells_summarize_semantic_ece_of_every_confidence(tmp_path):
     assert d["mean"]["semantic_ece/verbalized"] == 0.5 and d["mean"]["mean_confidence"] == 0.3
     assert "conf_ece_pooled_ci" not in d and d["vs"] == {}
     md = (tmp_path / "study.md").read_text()
-    assert "Semantic-ECE (semantic) | Semantic-ECE (verbalized)" in md and "0.200 ± 0.141" in md
+    assert "Semantic-ECE (semantic) | pooled 95% CI | Semantic-ECE (verbalized)" in md
+    assert "0.200 ± 0.141" in md
+
+
+def _record(i: int, clusters: list[int], right: bool):
+    from apps.calm_llm.open_qa import score
+
+    return score.QuestionRecord(id=f"q{i}", question=f"question {i}?", answers=["a"],
+                                samples=[f"s{c}" for c in clusters], cluster_ids=clusters,
+                                modal_answer="a" if right else "b", modal_correct=right,
+                                greedy="a", greedy_logprobs=[-0.5], greedy_correct=True)
+
+
+def test_open_qa_cells_pair_rows_on_their_saved_records(tmp_path):
+    """Cells written by the open-QA writer: the study reads each row's records back, so open QA
+    gets the pooled Semantic-ECE interval and the paired tests multiple choice has."""
+    from apps.calm_llm.open_qa import score
+
+    study = S.Study(name="oq", description="open QA", common=(), seeds=(0, 1),
+                    variants=(S.Variant("v", ("ts", "sft")),), step_s={}, question_s=0.0,
+                    run_s=0.0, questions=0, baselines=("{variant}/ts",))
+    rng = np.random.default_rng(3)
+    expected = {"ts": [], "sft": []}
+    for k in (0, 1):
+        records, results = {}, {}
+        for row, agree in (("ts", 4), ("sft", 1)):  # ts's samples agree more: higher confidence
+            recs = [_record(i, [0] * agree + list(range(1, 5 - agree)),
+                            bool(rng.uniform() < 0.5)) for i in range(20)]
+            records[row] = {"trivia_qa": recs}
+            results[row] = {"trivia_qa": score.dataset_metrics(recs, domain="id", n_bins=10, n_boot=0)}
+            conf, correct = score.confidence_pairs(recs, "semantic")
+            expected[row].append(semantic_ece(conf, correct, 10))
+        score.write_results(tmp_path / f"v-seed{k}", results, records, n_bins=10, plots=False)
+    out = S.summarize(study, tmp_path, n_boot=50)
+    sft = out["rows"]["v/sft"]["datasets"]["trivia_qa"]
+    assert sft["mean"]["semantic_ece"] == pytest.approx(np.mean(expected["sft"]))
+    lo, hi = sft["semantic_ece_pooled_ci"]
+    assert 0.0 <= lo <= hi <= 1.0
+    vs = sft["vs"]["v/ts"]["semantic_ece"]
+    assert vs["diff"] == pytest.approx(np.mean(expected["sft"]) - np.mean(expected["ts"]))
+    md = (tmp_path / "study.md").read_text()
+    assert "Δ Semantic-ECE vs <variant>/ts" in md and f"{vs['diff']:+.3f}" in md
+    # the pooled diagram draws open QA's rows by their semantic-cluster confidence
+    from apps import study_figures
+
+    x, y, n_seeds, kind = study_figures._pooled(study, tmp_path, "v/sft")["trivia_qa"]
+    assert kind == "binary" and n_seeds == 2 and x.shape == y.shape == (40,)
+    fig = study_figures.reliability(study, tmp_path, tmp_path / "figs", ("v/ts", "v/sft"))
+    assert [p.name for p in fig] == ["reliability_trivia_qa.png"]
+    # published, the records travel gzipped and give the same question-level numbers
+    dest = tmp_path / "published"
+    S.publish(study, tmp_path, dest)
+    assert {p.name for p in (dest / "v-seed0").iterdir()} == {
+        "metrics.json", "results.md", "open_qa_predictions.json.gz"}
+    (dest / "study.json").unlink()  # nothing to carry: recomputed from the records
+    again = S.summarize(study, dest, n_boot=50)["rows"]["v/sft"]["datasets"]["trivia_qa"]
+    assert again["semantic_ece_pooled_ci"] == pytest.approx(sft["semantic_ece_pooled_ci"])
+    assert again["vs"] == sft["vs"]
 
 
 def test_flop_scaled_estimate_of_a_gpu_study():

@@ -24,6 +24,7 @@ Verbalized replies that do not parse are left out of that kind's metrics and cou
 
 from __future__ import annotations
 
+import gzip
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
@@ -232,12 +233,20 @@ def write_results(
 
 
 def read_records(run_dir: str | Path) -> dict[str, dict[str, list[QuestionRecord]]]:
-    """The saved records of a run directory (empty when there are none)."""
-    path = Path(run_dir) / PREDICTIONS
-    if not path.is_file():
-        return {}
-    from ..io import read_json
+    """The saved records of a run directory (empty when there are none), from
+    ``open_qa_predictions.json`` or the gzip of it that ``apps.study --publish`` keeps."""
+    from ..io import CorruptFile, read_json
 
-    data = read_json(path, "delete metrics.json and open_qa_predictions.json and resume again")
+    path = Path(run_dir) / PREDICTIONS
+    packed = path.with_name(PREDICTIONS + ".gz")
+    if path.is_file():
+        data = read_json(path, "delete metrics.json and open_qa_predictions.json and resume again")
+    elif packed.is_file():
+        try:
+            data = json.loads(gzip.decompress(packed.read_bytes()).decode("utf-8"))
+        except (OSError, EOFError, UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise CorruptFile(f"{packed} is unreadable ({e}); publish the study again") from e
+    else:
+        return {}
     return {m: {ds: [QuestionRecord.from_dict(r) for r in recs] for ds, recs in per.items()}
             for m, per in data.items()}
