@@ -24,13 +24,14 @@ confidence in place of conf-ECE.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import gzip
 import json
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -442,7 +443,7 @@ def _predictions(run_dir: Path) -> dict[str, Any]:
     return load_file(str(f)) if f.is_file() else {}
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, eq=False)  # holds arrays: no elementwise ==, no hash
 class Questions:
     """One seed's predictions of one row on a dataset's N questions, as the question-level
     numbers (pooled intervals, paired differences) resample them.
@@ -451,23 +452,25 @@ class Questions:
     the calibration error is conf-ECE. Open QA (``binary``): ``x`` the semantic-cluster
     confidence (N,), ``y`` whether the modal sampled answer is right (N,); the calibration error
     is Semantic-ECE (the same equal-width binning over a binary outcome). ``ids`` name the
-    questions where the run saved them, so rows are only paired on the same questions.
+    questions where the run saved them, so rows are only paired on the same questions; ``n_bins``
+    is the run's ``--n-bins``, so the intervals bin as its ``metrics.json`` means do.
     """
 
     kind: str  # "options" | "binary"
     x: np.ndarray
     y: np.ndarray
     ids: tuple[str, ...] | None = None
+    n_bins: int = 10
 
     @classmethod
-    def options(cls, probs: np.ndarray, labels: np.ndarray) -> Questions:
-        return cls("options", np.asarray(probs, dtype=np.float64), np.asarray(labels))
+    def options(cls, probs: np.ndarray, labels: np.ndarray, *, n_bins: int = 10) -> Questions:
+        return cls("options", np.asarray(probs, dtype=np.float64), np.asarray(labels), n_bins=n_bins)
 
     @classmethod
     def binary(cls, confidence: np.ndarray, correct: np.ndarray,
-               ids: Sequence[str] | None = None) -> Questions:
+               ids: Sequence[str] | None = None, *, n_bins: int = 10) -> Questions:
         return cls("binary", np.asarray(confidence, dtype=np.float64), np.asarray(correct, dtype=bool),
-                   None if ids is None else tuple(ids))
+                   None if ids is None else tuple(ids), n_bins)
 
     @property
     def n(self) -> int:
@@ -478,17 +481,18 @@ class Questions:
         """The calibration error's key in ``study.json``: ``conf_ece`` or ``semantic_ece``."""
         return "conf_ece" if self.kind == "options" else "semantic_ece"
 
-    def error(self, idx: np.ndarray, n_bins: int = 10) -> float:
+    def error(self, idx: np.ndarray) -> float:
         """conf-ECE (options) or Semantic-ECE (binary) of the questions ``idx`` (with repeats)."""
         import torch
 
         if self.kind == "options":
             from calibration.metrics import conf_ece
 
-            return conf_ece(torch.from_numpy(self.x[idx]), torch.from_numpy(self.y[idx]), n_bins=n_bins)
+            return conf_ece(torch.from_numpy(self.x[idx]), torch.from_numpy(self.y[idx]),
+                            n_bins=self.n_bins)
         from calibration.semantic import semantic_ece
 
-        return semantic_ece(torch.from_numpy(self.x[idx]), torch.from_numpy(self.y[idx]), n_bins)
+        return semantic_ece(torch.from_numpy(self.x[idx]), torch.from_numpy(self.y[idx]), self.n_bins)
 
     def accuracy(self, idx: np.ndarray) -> float:
         right = self.x[idx].argmax(axis=1) == self.y[idx] if self.kind == "options" else self.y[idx]
@@ -503,16 +507,18 @@ def _aligned(*rows: list[Questions]) -> tuple[int, str]:
         raise ValueError("no seeds to resample")
     first = seeds[0]
     for q in seeds[1:]:
-        if q.kind != first.kind or q.n != first.n:
-            raise ValueError(f"seeds disagree on the questions: {q.kind} N={q.n} vs "
-                             f"{first.kind} N={first.n}")
-        if q.ids is not None and first.ids is not None and q.ids != first.ids:
-            raise ValueError("seeds answered different questions (their ids differ); run every "
-                             "cell with the same --split-seed")
+        if q.kind != first.kind or q.n != first.n or q.n_bins != first.n_bins:
+            raise ValueError(f"seeds disagree on the questions: {q.kind} N={q.n} n_bins={q.n_bins} "
+                             f"vs {first.kind} N={first.n} n_bins={first.n_bins}")
+        differ = (q.ids != first.ids if q.ids is not None and first.ids is not None else
+                  q.kind == "options" and not np.array_equal(q.y, first.y))  # same labels
+        if differ:
+            raise ValueError("seeds answered different questions (their ids or labels differ); "
+                             "run every cell with the same --split-seed")
     return first.n, first.error_name
 
 
-def pooled_interval(seeds: list[Questions], *, n_boot: int = 1000, n_bins: int = 10,
+def pooled_interval(seeds: list[Questions], *, n_boot: int = 1000,
                     seed: int = 0) -> tuple[float, float]:
     """95 % interval of the mean-over-seeds calibration error (conf-ECE or Semantic-ECE),
     resampling questions jointly across seeds (each drawn question brings every seed's
@@ -522,7 +528,7 @@ def pooled_interval(seeds: list[Questions], *, n_boot: int = 1000, n_bins: int =
     values = np.empty(n_boot)
     for b in range(n_boot):
         idx = rng.integers(0, n, n)
-        values[b] = np.mean([q.error(idx, n_bins) for q in seeds])
+        values[b] = np.mean([q.error(idx) for q in seeds])
     return float(np.quantile(values, 0.025)), float(np.quantile(values, 0.975))
 
 
@@ -537,9 +543,10 @@ def paired_difference(a: list[Questions], b: list[Questions], *, n_boot: int = 1
     full = np.arange(n)
     draws = [rng.integers(0, n, n) for _ in range(n_boot)]
     out = {}
-    for name, lower_better in ((error_name, True), ("accuracy", False)):
-        def mean(row: list[Questions], idx: np.ndarray, name: str = name) -> float:
-            return float(np.mean([q.error(idx) if name != "accuracy" else q.accuracy(idx) for q in row]))
+    for name, metric, lower_better in ((error_name, Questions.error, True),
+                                       ("accuracy", Questions.accuracy, False)):
+        def mean(row: list[Questions], idx: np.ndarray, metric: Any = metric) -> float:
+            return float(np.mean([metric(q, idx) for q in row]))
 
         diff = mean(a, full) - mean(b, full)
         boot = np.array([mean(a, i) - mean(b, i) for i in draws])
@@ -618,8 +625,9 @@ def _carry_forward(rows: dict[str, dict[str, Any]], previous: dict[str, Any]) ->
 
 
 def _add_cell(rows: dict[str, dict[str, Any]], c: Cell, run_dir: Path) -> None:
-    """One finished cell's rows into ``rows``: each metric's per-seed value, the option
-    probabilities (when kept) and the training dynamics, by ``variant/row`` and dataset."""
+    """One finished cell's rows into ``rows``: each metric's per-seed value, the question-level
+    predictions (option probabilities or open-QA answers, when kept) and the training dynamics,
+    by ``variant/row`` and dataset."""
     results = json.loads((run_dir / "metrics.json").read_text())["results"]
     questions = _questions(run_dir)
     for row, per_ds in results.items():
@@ -657,24 +665,42 @@ def _questions(run_dir: Path) -> dict[tuple[str, str], Questions]:
     semantic-cluster confidence and modal correctness of the records an open-QA run keeps; empty
     for a published cell kept without them."""
     out: dict[tuple[str, str], Questions] = {}
+    config = run_dir / "config.json"
+    n_bins = int(json.loads(config.read_text()).get("n_bins", 10)) if config.is_file() else 10
     preds = _predictions(run_dir)
     for name, p in preds.items():
         row, ds, what = name.rsplit("/", 2)
         if what == "probs":
-            out[(row, ds)] = Questions.options(p.double().numpy(), preds[f"{row}/{ds}/labels"].numpy())
+            out[(row, ds)] = Questions.options(p.double().numpy(), preds[f"{row}/{ds}/labels"].numpy(),
+                                               n_bins=n_bins)
     from apps.calm_llm.open_qa import score
 
     for row, per_ds in score.read_records(run_dir).items():
         for ds, records in per_ds.items():
+            if not records:
+                continue
+            # the semantic kind keeps every record (verbalized would drop unparsed ones), so the
+            # ids line up with the pairs
             conf, correct = score.confidence_pairs(records, "semantic")
-            out[(row, ds)] = Questions.binary(conf.numpy(), correct.numpy(), [r.id for r in records])
+            out[(row, ds)] = Questions.binary(conf.numpy(), correct.numpy(), [r.id for r in records],
+                                              n_bins=n_bins)
     return out
+
+
+@contextlib.contextmanager
+def _naming(what: str) -> Iterator[None]:
+    """Re-raise a ValueError of the question-level numbers with the row and dataset it is about."""
+    try:
+        yield
+    except ValueError as e:
+        raise ValueError(f"{what}: {e}") from e
 
 
 def summarize(study: Study, root: Path, *, n_boot: int = 1000) -> dict[str, Any]:
     """Collect finished cells into ``study.json`` and ``study.md`` under ``root``.
 
-    Cells kept without ``predictions.safetensors`` (published before it was kept) contribute
+    Cells kept without their question-level predictions (``predictions.safetensors``, or an
+    open-QA run's answers; published before they were kept) contribute
     their metrics; their pooled intervals and paired differences come from the ``study.json``
     already in ``root`` where its seeds match (marked ``carried``), else they are left out.
     """
@@ -684,8 +710,8 @@ def summarize(study: Study, root: Path, *, n_boot: int = 1000) -> dict[str, Any]
     for c in cells(study):
         if done(root / c.name, c):
             _add_cell(rows, c, root / c.name)
-    for entry in rows.values():
-        for d in entry["datasets"].values():
+    for key, entry in rows.items():
+        for ds, d in entry["datasets"].items():
             qs = d["_questions"]
             if len(qs) != len(entry["seeds"]):  # question-level numbers need every seed
                 d["_questions"] = qs = []
@@ -693,7 +719,8 @@ def summarize(study: Study, root: Path, *, n_boot: int = 1000) -> dict[str, Any]
             d["std"] = {m: float(np.std(v, ddof=1)) if len(v) > 1 else 0.0
                         for m, v in d["values"].items()}
             if qs:
-                d[f"{qs[0].error_name}_pooled_ci"] = pooled_interval(qs, n_boot=n_boot)
+                with _naming(f"{key} on {ds}"):
+                    d[f"{qs[0].error_name}_pooled_ci"] = list(pooled_interval(qs, n_boot=n_boot))
                 if study.chance_table and qs[0].kind == "options":  # the first seed's prediction
                     d["vs_chance"] = against_chance(qs[0].x, qs[0].y)
     for key, entry in rows.items():  # paired against the baselines, on the same questions
@@ -703,8 +730,9 @@ def summarize(study: Study, root: Path, *, n_boot: int = 1000) -> dict[str, Any]
                 base = template.format(variant=entry["variant"])
                 b = rows.get(base, {}).get("datasets", {}).get(ds)
                 if base != key and b is not None and d["_questions"] and b["_questions"]:
-                    d["vs"][base] = paired_difference(d["_questions"], b["_questions"],
-                                                      n_boot=n_boot)
+                    with _naming(f"{key} against {base} on {ds}"):
+                        d["vs"][base] = paired_difference(d["_questions"], b["_questions"],
+                                                          n_boot=n_boot)
     _carry_forward(rows, previous)
     for entry in rows.values():
         for d in entry["datasets"].values():
@@ -728,9 +756,9 @@ def _open_qa_table(summary: dict[str, Any], ds: str) -> list[str]:
     kinds = [k for k in ("semantic", "split_half") if k in kinds] + \
         [k for k in kinds if k not in ("semantic", "split_half")]
     cols = [("accuracy", "accuracy"), ("greedy accuracy", "greedy_accuracy"),
-            *((f"Semantic-ECE ({k})", f"semantic_ece/{k}") for k in kinds[:1]),
-            ("pooled 95% CI", "semantic_ece_pooled_ci"),
-            *((f"Semantic-ECE ({k})", f"semantic_ece/{k}") for k in kinds[1:]),
+            *((f"Semantic-ECE ({k})", f"semantic_ece/{k}") for k in kinds if k == "semantic"),
+            ("pooled 95% CI of Semantic-ECE (semantic)", "semantic_ece_pooled_ci"),
+            *((f"Semantic-ECE ({k})", f"semantic_ece/{k}") for k in kinds if k != "semantic"),
             ("Brier", "brier"), ("AUROC", "auroc"), ("confidence", "mean_confidence")]
     lines = ["| variant / row | seeds | " + " | ".join(c[0] for c in cols) + " |",
              "|---|---|" + "---|" * len(cols)]
@@ -776,7 +804,7 @@ def _paired_table(summary: dict[str, Any], ds: str) -> list[str]:
     open_qa = any("semantic_ece" in e["datasets"].get(ds, {}).get("mean", {})
                   for e in summary["rows"].values())
     error, label = ("semantic_ece", "Semantic-ECE") if open_qa else ("conf_ece", "conf-ECE")
-    names = [b.format(variant="<variant>") for b in bases]  # "{variant}/sft": each variant's own
+    names = [b.format(variant="VARIANT") for b in bases]  # "{variant}/sft": each variant's own
     head = "| variant / row | " + " | ".join(f"Δ {label} vs {b} | Δ accuracy vs {b}" for b in names) + " |"
     lines = [head, "|---|" + "---|---|" * len(bases)]
     for key, e in summary["rows"].items():
@@ -795,7 +823,8 @@ def _paired_table(summary: dict[str, Any], ds: str) -> list[str]:
 
 
 def markdown(summary: dict[str, Any]) -> str:
-    """Per dataset: mean ± std over seeds with the pooled 95 % interval of conf-ECE, then each
+    """Per dataset: mean ± std over seeds with the pooled 95 % interval of conf-ECE (open QA:
+    Semantic-ECE), then each
     row minus each baseline on the same questions (95 % interval; p = share of resamples in
     which the row is not better)."""
     lines = [f"# Study {summary['study']}", "", summary["description"], ""]
@@ -837,7 +866,8 @@ def markdown(summary: dict[str, Any]) -> str:
 
 
 # what a published cell keeps: its inputs, its numbers, its curves, and the option probabilities
-# the pooled intervals and paired tests are computed from (~10 KB per cell); no checkpoints
+# the pooled intervals and paired tests are computed from (~10 KB per cell; open-QA cells keep
+# their answers instead, gzipped by publish); no checkpoints
 PUBLISHED = ("config.json", "metrics.json", "results.md", "predictions.safetensors")
 
 
@@ -861,6 +891,7 @@ def publish(study: Study, root: Path, dest: Path) -> list[Path]:
                 written.append(Path(shutil.copy2(src / name, dest / c.name / name)))
         if (src / OPEN_QA_RECORDS).is_file():  # every sampled answer: ~1 MB a cell, ~8x smaller gzipped
             out = dest / c.name / f"{OPEN_QA_RECORDS}.gz"
+            out.parent.mkdir(parents=True, exist_ok=True)
             out.write_bytes(gzip.compress((src / OPEN_QA_RECORDS).read_bytes(), mtime=0))
             written.append(out)
     for name in ("study.json", "study.md", "cells.jsonl"):

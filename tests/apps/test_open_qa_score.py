@@ -97,9 +97,13 @@ def test_write_and_read_back(tmp_path, records):
     packed = tmp_path / (score.PREDICTIONS + ".gz")
     packed.write_bytes(gzip.compress(raw))
     assert score.read_records(tmp_path) == {"none": {"trivia_qa": records}}
-    packed.write_bytes(gzip.compress(raw)[:40])
-    with pytest.raises(CorruptFile, match="open_qa_predictions.json.gz"):
-        score.read_records(tmp_path)
+    whole = gzip.compress(raw)
+    middle = len(whole) // 2
+    flipped = whole[:middle] + bytes([whole[middle] ^ 0xFF]) + whole[middle + 1:]
+    for bad in (whole[:40], flipped):  # cut short; damaged inside the deflate stream
+        packed.write_bytes(bad)
+        with pytest.raises(CorruptFile, match="open_qa_predictions.json.gz"):
+            score.read_records(tmp_path)
 
 
 def test_unknown_kind_is_named(records):

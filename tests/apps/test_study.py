@@ -150,12 +150,20 @@ def test_open_qa_rows_resample_semantic_ece_of_each_seeds_own_answers():
     assert diff["semantic_ece"]["diff"] == pytest.approx(np.mean(exact) - np.mean(exact_b))
     assert diff["accuracy"]["diff"] == pytest.approx(
         np.mean([q.y.mean() for q in a]) - np.mean([q.y.mean() for q in b]))
+    # a row against itself is exactly 0; identical seeds pool to the single-seed interval
+    same = S.paired_difference(a, a, n_boot=50)
+    assert all(same[m]["diff"] == 0.0 and same[m]["ci"] == [0.0, 0.0] for m in same)
+    assert S.pooled_interval(a[:1] * 3, n_boot=100) == pytest.approx(S.pooled_interval(a[:1], n_boot=100))
     # rows are only paired on the same questions, and only with rows of their own kind
     other = [S.Questions.binary(q.x, q.y, [f"r{i}" for i in range(50)]) for q in b]
     with pytest.raises(ValueError, match="different questions"):
         S.paired_difference(a, other, n_boot=10)
     with pytest.raises(ValueError, match="disagree"):
         S.pooled_interval([a[0], S.Questions.options(np.full((50, 2), 0.5), np.zeros(50, int))])
+    # multiple choice saves no ids: its seeds must at least share the labels
+    p = np.full((50, 2), 0.5)
+    with pytest.raises(ValueError, match="different questions"):
+        S.pooled_interval([S.Questions.options(p, np.zeros(50, int)), S.Questions.options(p, np.ones(50, int))])
 
 
 def test_dynamics_average_the_steps_and_keep_alphas_last_range(tmp_path):
@@ -210,9 +218,9 @@ def test_open_qa_cells_summarize_semantic_ece_of_every_confidence(tmp_path):
     d = S.summarize(study, tmp_path, n_boot=10)["rows"]["v/sft"]["datasets"]["trivia_qa"]
     assert d["mean"]["semantic_ece"] == pytest.approx(0.2)
     assert d["mean"]["semantic_ece/verbalized"] == 0.5 and d["mean"]["mean_confidence"] == 0.3
-    assert "conf_ece_pooled_ci" not in d and d["vs"] == {}
+    assert "semantic_ece_pooled_ci" not in d and d["vs"] == {}  # no saved answers
     md = (tmp_path / "study.md").read_text()
-    assert "Semantic-ECE (semantic) | pooled 95% CI | Semantic-ECE (verbalized)" in md
+    assert "Semantic-ECE (semantic) | pooled 95% CI of Semantic-ECE (semantic) | Semantic-ECE (verbalized)" in md
     assert "0.200 ± 0.141" in md
 
 
@@ -253,7 +261,7 @@ def test_open_qa_cells_pair_rows_on_their_saved_records(tmp_path):
     vs = sft["vs"]["v/ts"]["semantic_ece"]
     assert vs["diff"] == pytest.approx(np.mean(expected["sft"]) - np.mean(expected["ts"]))
     md = (tmp_path / "study.md").read_text()
-    assert "Δ Semantic-ECE vs <variant>/ts" in md and f"{vs['diff']:+.3f}" in md
+    assert "Δ Semantic-ECE vs VARIANT/ts" in md and f"{vs['diff']:+.3f}" in md
     # the pooled diagram draws open QA's rows by their semantic-cluster confidence
     from apps import study_figures
 
@@ -270,6 +278,14 @@ def test_open_qa_cells_pair_rows_on_their_saved_records(tmp_path):
     again = S.summarize(study, dest, n_boot=50)["rows"]["v/sft"]["datasets"]["trivia_qa"]
     assert again["semantic_ece_pooled_ci"] == pytest.approx(sft["semantic_ece_pooled_ci"])
     assert again["vs"] == sft["vs"]
+    # without the answers, the numbers of the summary it was published with are carried (†)
+    for f in dest.glob("*/open_qa_predictions.json.gz"):
+        f.unlink()
+    carried = S.summarize(study, dest, n_boot=50)["rows"]["v/sft"]["datasets"]["trivia_qa"]
+    assert carried["semantic_ece_pooled_ci"] == again["semantic_ece_pooled_ci"]
+    assert carried["vs"] == again["vs"]
+    assert set(carried["carried"]) == {"semantic_ece_pooled_ci", "vs v/ts"}
+    assert "]†" in (dest / "study.md").read_text()
 
 
 def test_flop_scaled_estimate_of_a_gpu_study():

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -244,7 +245,7 @@ def read_records(run_dir: str | Path) -> dict[str, dict[str, list[QuestionRecord
     elif packed.is_file():
         try:
             data = json.loads(gzip.decompress(packed.read_bytes()).decode("utf-8"))
-        except (OSError, EOFError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        except (OSError, EOFError, zlib.error, UnicodeDecodeError, json.JSONDecodeError) as e:
             raise CorruptFile(f"{packed} is unreadable ({e}); publish the study again") from e
     else:
         return {}
