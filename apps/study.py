@@ -40,10 +40,11 @@ import numpy as np
 METRICS = ("accuracy", "conf_ece", "cw_ece", "brier", "nll", "mean_confidence")
 CALIB = ("calib_nll", "calib_conf_ece", "calib_accuracy")
 # open QA (metrics.json "task": "open_qa"): the modal answer's accuracy, the greedy answer's, and
-# the semantic-cluster confidence's Semantic-ECE, Brier, AUROC; every confidence kind's
-# Semantic-ECE is kept as "semantic_ece/<kind>"
+# the semantic-cluster confidence's Semantic-ECE, Brier, AUROC, and the mean number of answer
+# clusters per question (20 samples in 20 clusters: a confidence of 1/20 whatever the model
+# knows); every confidence kind's Semantic-ECE is kept as "semantic_ece/<kind>"
 OPEN_QA_METRICS = ("accuracy", "greedy_accuracy", "semantic_ece", "brier", "auroc",
-                   "mean_confidence")
+                   "mean_confidence", "mean_clusters")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -759,7 +760,8 @@ def _open_qa_table(summary: dict[str, Any], ds: str) -> list[str]:
             *((f"Semantic-ECE ({k})", f"semantic_ece/{k}") for k in kinds if k == "semantic"),
             ("pooled 95% CI of Semantic-ECE (semantic)", "semantic_ece_pooled_ci"),
             *((f"Semantic-ECE ({k})", f"semantic_ece/{k}") for k in kinds if k != "semantic"),
-            ("Brier", "brier"), ("AUROC", "auroc"), ("confidence", "mean_confidence")]
+            ("Brier", "brier"), ("AUROC", "auroc"), ("confidence", "mean_confidence"),
+            ("clusters / question", "mean_clusters")]
     lines = ["| variant / row | seeds | " + " | ".join(c[0] for c in cols) + " |",
              "|---|---|" + "---|" * len(cols)]
     for key, e in summary["rows"].items():

@@ -256,6 +256,7 @@ def test_open_qa_cells_pair_rows_on_their_saved_records(tmp_path):
     out = S.summarize(study, tmp_path, n_boot=50)
     sft = out["rows"]["v/sft"]["datasets"]["trivia_qa"]
     assert sft["mean"]["semantic_ece"] == pytest.approx(np.mean(expected["sft"]))
+    assert sft["mean"]["mean_clusters"] == 4.0  # 4 samples in 4 clusters, confidence 1/4
     lo, hi = sft["semantic_ece_pooled_ci"]
     assert 0.0 <= lo <= hi <= 1.0
     vs = sft["vs"]["v/ts"]["semantic_ece"]
