@@ -26,8 +26,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import gzip
 import json
+import lzma
 import subprocess
 import sys
 import time
@@ -869,7 +869,7 @@ def markdown(summary: dict[str, Any]) -> str:
 
 # what a published cell keeps: its inputs, its numbers, its curves, and the option probabilities
 # the pooled intervals and paired tests are computed from (~10 KB per cell; open-QA cells keep
-# their answers instead, gzipped by publish); no checkpoints
+# their answers instead, xz-compressed by publish); no checkpoints
 PUBLISHED = ("config.json", "metrics.json", "results.md", "predictions.safetensors")
 
 
@@ -891,10 +891,10 @@ def publish(study: Study, root: Path, dest: Path) -> list[Path]:
             if (src / name).is_file():
                 (dest / c.name).mkdir(parents=True, exist_ok=True)
                 written.append(Path(shutil.copy2(src / name, dest / c.name / name)))
-        if (src / OPEN_QA_RECORDS).is_file():  # every sampled answer: ~1 MB a cell, ~8x smaller gzipped
-            out = dest / c.name / f"{OPEN_QA_RECORDS}.gz"
+        if (src / OPEN_QA_RECORDS).is_file():  # every sampled answer: ~1 MB a cell, ~0.2 MB as xz
+            out = dest / c.name / f"{OPEN_QA_RECORDS}.xz"
             out.parent.mkdir(parents=True, exist_ok=True)
-            out.write_bytes(gzip.compress((src / OPEN_QA_RECORDS).read_bytes(), mtime=0))
+            out.write_bytes(lzma.compress((src / OPEN_QA_RECORDS).read_bytes(), preset=9))
             written.append(out)
     for name in ("study.json", "study.md", "cells.jsonl"):
         if (root / name).is_file():

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import gzip
 import json
+import lzma
 import math
 
 import pytest
@@ -91,18 +91,18 @@ def test_write_and_read_back(tmp_path, records):
     assert score.read_records(tmp_path) == {"none": {"trivia_qa": records}}
     assert (tmp_path / "reliability_trivia_qa.png").stat().st_size > 0
     assert "| none |" in (tmp_path / "results.md").read_text()
-    # the gzip a published study keeps reads back the same; a cut one is named
+    # the xz a published study keeps reads back the same; a cut or damaged one is named
     raw = (tmp_path / score.PREDICTIONS).read_bytes()
     (tmp_path / score.PREDICTIONS).unlink()
-    packed = tmp_path / (score.PREDICTIONS + ".gz")
-    packed.write_bytes(gzip.compress(raw))
+    packed = tmp_path / (score.PREDICTIONS + ".xz")
+    packed.write_bytes(lzma.compress(raw))
     assert score.read_records(tmp_path) == {"none": {"trivia_qa": records}}
-    whole = gzip.compress(raw)
+    whole = lzma.compress(raw)
     middle = len(whole) // 2
     flipped = whole[:middle] + bytes([whole[middle] ^ 0xFF]) + whole[middle + 1:]
-    for bad in (whole[:40], flipped):  # cut short; damaged inside the deflate stream
+    for bad in (whole[:40], flipped):  # cut short; damaged inside the stream
         packed.write_bytes(bad)
-        with pytest.raises(CorruptFile, match="open_qa_predictions.json.gz"):
+        with pytest.raises(CorruptFile, match="open_qa_predictions.json.xz"):
             score.read_records(tmp_path)
 
 

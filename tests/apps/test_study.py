@@ -270,17 +270,17 @@ def test_open_qa_cells_pair_rows_on_their_saved_records(tmp_path):
     assert kind == "binary" and n_seeds == 2 and x.shape == y.shape == (40,)
     fig = study_figures.reliability(study, tmp_path, tmp_path / "figs", ("v/ts", "v/sft"))
     assert [p.name for p in fig] == ["reliability_trivia_qa.png"]
-    # published, the records travel gzipped and give the same question-level numbers
+    # published, the records travel xz-compressed and give the same question-level numbers
     dest = tmp_path / "published"
     S.publish(study, tmp_path, dest)
     assert {p.name for p in (dest / "v-seed0").iterdir()} == {
-        "metrics.json", "results.md", "open_qa_predictions.json.gz"}
+        "metrics.json", "results.md", "open_qa_predictions.json.xz"}
     (dest / "study.json").unlink()  # nothing to carry: recomputed from the records
     again = S.summarize(study, dest, n_boot=50)["rows"]["v/sft"]["datasets"]["trivia_qa"]
     assert again["semantic_ece_pooled_ci"] == pytest.approx(sft["semantic_ece_pooled_ci"])
     assert again["vs"] == sft["vs"]
     # without the answers, the numbers of the summary it was published with are carried (†)
-    for f in dest.glob("*/open_qa_predictions.json.gz"):
+    for f in dest.glob("*/open_qa_predictions.json.xz"):
         f.unlink()
     carried = S.summarize(study, dest, n_boot=50)["rows"]["v/sft"]["datasets"]["trivia_qa"]
     assert carried["semantic_ece_pooled_ci"] == again["semantic_ece_pooled_ci"]

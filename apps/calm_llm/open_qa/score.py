@@ -24,9 +24,8 @@ Verbalized replies that do not parse are left out of that kind's metrics and cou
 
 from __future__ import annotations
 
-import gzip
 import json
-import zlib
+import lzma
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -235,17 +234,17 @@ def write_results(
 
 def read_records(run_dir: str | Path) -> dict[str, dict[str, list[QuestionRecord]]]:
     """The saved records of a run directory (empty when there are none), from
-    ``open_qa_predictions.json`` or the gzip of it that ``apps.study --publish`` keeps."""
+    ``open_qa_predictions.json`` or the xz of it that ``apps.study --publish`` keeps."""
     from ..io import CorruptFile, read_json
 
     path = Path(run_dir) / PREDICTIONS
-    packed = path.with_name(PREDICTIONS + ".gz")
+    packed = path.with_name(PREDICTIONS + ".xz")
     if path.is_file():
         data = read_json(path, "delete metrics.json and open_qa_predictions.json and resume again")
     elif packed.is_file():
         try:
-            data = json.loads(gzip.decompress(packed.read_bytes()).decode("utf-8"))
-        except (OSError, EOFError, zlib.error, UnicodeDecodeError, json.JSONDecodeError) as e:
+            data = json.loads(lzma.decompress(packed.read_bytes()).decode("utf-8"))
+        except (lzma.LZMAError, EOFError, UnicodeDecodeError, json.JSONDecodeError) as e:
             raise CorruptFile(f"{packed} is unreadable ({e}); publish the study again") from e
     else:
         return {}
