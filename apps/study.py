@@ -244,9 +244,11 @@ LAPTOP_OPEN_QA = Study(
                 ("--in-domain", "nq_open", "--out-of-domain", "trivia_qa"),
                 note="train NQ-open; test NQ-open (in-domain) and TriviaQA"),
     ),
-    # the open-QA default (docs/open_qa.md): 1.7 s per SFT step, 6.1 s per CALM step, 1.0-2.5 s
-    # per question per row for sampling, greedy and verbalized answers
-    step_s={"sft": 1.7, "calm": 6.1}, question_s=2.2, run_s=20.0, questions=120,
+    # this study's own cells (2026-12-06, 2 cores): median 1.6 s per SFT step and 5.8 s per CALM
+    # step, 1.1 s per question per row on average for sampling, greedy and verbalized answers
+    # (0.6-0.9 s after SFT, whose answers are short, 1.4-1.5 s for the untrained model); its six
+    # cells took 14-19 min each, 92 min in all
+    step_s={"sft": 1.6, "calm": 5.8}, question_s=1.1, run_s=20.0, questions=120,
     # none too: the CALM paper's open-QA claim is against the model as given
     baselines=("{variant}/sft", "{variant}/ts", "{variant}/none"),
     # one direction per diagram, so each dataset's curves share a domain (in-domain TriviaQA,
