@@ -267,10 +267,13 @@ PAPER_MODELS = {
     "olmo2-7b": "allenai/OLMo-2-1124-7B-Instruct",
 }
 # step time / SFT's step time per method: bench/gpu_smoke.py on the CPU (SmolLM2-135M, fp32,
-# the paper-7b preset, bench/results/gpu_smoke_cpu_smollm2.json). calm_iterate,
-# calm_regularization and calm_scalar failed there under gradient checkpointing (fixed since);
-# until re-measured they take calm's ratio, an upper bound (they do no more work than calm).
-PAPER_STEP_RATIO = {"sft": 1.0, "label_smoothing": 1.07, "rcft": 1.02, "calm": 7.22}
+# the paper-7b preset, 3 steps each, the median of steps 2-3). sft, calm and the three ablations
+# from one run on the current code (2026-12-06, bench/results/gpu_smoke_cpu_smollm2_ablations.*);
+# label_smoothing and rcft from the earlier run (2026-12-04, gpu_smoke_cpu_smollm2.*), whose calm
+# ratio (7.22) predates the fix that runs forwards at parameters other than the live LoRA
+# tensors unchecked, and whose ablations failed before it.
+PAPER_STEP_RATIO = {"sft": 1.0, "label_smoothing": 1.07, "rcft": 1.02, "calm": 2.32,
+                    "calm_iterate": 1.48, "calm_regularization": 2.12, "calm_scalar": 2.12}
 PAPER_METHODS = ("none", "ts", "sft", "label_smoothing", "rcft", "calm", "calm_iterate",
                  "calm_regularization", "calm_scalar")
 PAPER_7B = Study(
