@@ -502,8 +502,14 @@ class Questions:
         return semantic_ece(torch.from_numpy(self.x[idx]), torch.from_numpy(self.y[idx]), self.n_bins)
 
     def accuracy(self, idx: np.ndarray) -> float:
-        right = self.x[idx].argmax(axis=1) == self.y[idx] if self.kind == "options" else self.y[idx]
-        return float(np.mean(right))
+        """Top-option accuracy (options) or the modal answer's (binary) of the questions ``idx``."""
+        if self.kind == "options":
+            import torch
+
+            from calibration.metrics import accuracy
+
+            return accuracy(torch.from_numpy(self.x[idx]), torch.from_numpy(self.y[idx]))
+        return float(np.mean(self.y[idx]))
 
 
 def _aligned(*rows: list[Questions]) -> tuple[int, str]:
