@@ -6,7 +6,7 @@ Public API::
 
     problem = bilevel.Problem(upper=f, lower=g)          # f, g: (outer, inner, batch) -> scalar
     bilevel.hypergrad(problem, outer, inner, upper_batch=..., lower_batch=...,
-                      method=bilevel.Unrolled(steps=T, lr=β) | bilevel.Implicit(bilevel.linalg.CG()),
+                      method=bilevel.Unrolled(inner_steps=T, inner_lr=β) | bilevel.Implicit(bilevel.linalg.CG()),
                       return_info=False)
     bilevel.Implicit(linear_solver=solve)   # any solve(matvec, b, init=None) -> (x, info)
     solver = bilevel.BOME(10, 0.1) | bilevel.ITD(10, 0.1) | bilevel.AID(10, 0.1)

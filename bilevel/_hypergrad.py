@@ -3,7 +3,7 @@
 ``hypergrad(problem, outer, inner, upper_batch=..., lower_batch=..., method=...)`` returns a
 pytree shaped like ``outer``. ``method`` is
 
-* ``Unrolled(steps=T, lr=β, truncate=K)``: θ_0 = inner, θ_{t+1} = θ_t − β ∇_θ g(α, θ_t) and
+* ``Unrolled(inner_steps=T, inner_lr=β, truncate=K)``: θ_0 = inner, θ_{t+1} = θ_t − β ∇_θ g(α, θ_t) and
   dF/dα = d f(α, θ_T)/dα by reverse-mode through the last K steps (all T when K is None);
   the first T − K steps run without a graph, so memory is O(K · |θ|) instead of O(T · |θ|).
 * ``Implicit(linear_solver=S)``: takes θ = inner as the lower-level solution and uses the
@@ -22,6 +22,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 
+from . import tree
 from ._autodiff import grad, leaf_aliases, vjp
 from ._checks import check_int, check_positive
 from ._internals import (
@@ -32,7 +33,7 @@ from ._internals import (
     flatten_variables,
     inner_gradient_steps,
 )
-from .linalg import CG, LinearSolve, LinearSolver, as_linear_solve
+from .linalg import CG, LinearSolve, LinearSolver, as_linear_solve, solver_name, unpack_solution
 from .problem import Problem
 
 __all__ = ["Estimate", "HypergradMethod", "Implicit", "Unrolled", "hypergrad"]
@@ -52,9 +53,22 @@ class HypergradMethod(Protocol):
     ) -> Estimate: ...
 
 
+def check_truncate(owner: str, truncate: object, inner_steps: int) -> None:
+    """``truncate`` is None or an int in [1, inner_steps] (ValueError/TypeError naming ``owner``)."""
+    if truncate is None:
+        return
+    check_int(owner, "truncate", truncate, minimum=1)
+    if truncate > inner_steps:  # type: ignore[operator]
+        raise ValueError(
+            f"{owner}: truncate={truncate} exceeds inner_steps={inner_steps}; use "
+            "truncate=None to differentiate through every step"
+        )
+
+
 @dataclass(frozen=True)
 class Unrolled:
-    """Iterative differentiation through ``steps`` inner gradient steps of size ``lr``.
+    """Iterative differentiation through ``inner_steps`` inner gradient steps of size
+    ``inner_lr`` (the argument names of :class:`bilevel.ITD`).
 
     ``truncate=K`` back-propagates through the last K steps only (truncated BPTT;
     Shaban et al., 2019). Cost: T forward-backward passes of g, K of them with a graph
@@ -62,32 +76,26 @@ class Unrolled:
     of f. Memory: O(K · |θ|) activations of g.
     """
 
-    steps: int
-    lr: float
+    inner_steps: int
+    inner_lr: float
     truncate: int | None = None
 
     def __post_init__(self) -> None:
-        check_int("Unrolled", "steps", self.steps, minimum=1)
-        check_positive("Unrolled", "lr", self.lr)
-        if self.truncate is not None:
-            check_int("Unrolled", "truncate", self.truncate, minimum=1)
-            if self.truncate > self.steps:
-                raise ValueError(
-                    f"Unrolled: truncate={self.truncate} exceeds steps={self.steps}; use "
-                    "truncate=None to differentiate through every step"
-                )
+        check_int("Unrolled", "inner_steps", self.inner_steps, minimum=1)
+        check_positive("Unrolled", "inner_lr", self.inner_lr)
+        check_truncate("Unrolled", self.truncate, self.inner_steps)
 
     def estimate(
         self, objectives: CheckedObjectives, variables: FlatVariables, batches: Batches
     ) -> Estimate:
         """dF/dα through the unrolled steps; see the class docstring."""
-        T = self.steps
+        T = self.inner_steps
         K = T if self.truncate is None else self.truncate
         alpha = leaf_aliases(variables.outer)
         start = variables.replace(outer=alpha, inner=[x.detach() for x in variables.inner])
         # Steps outside the truncation window: no graph at all.
         theta, first_grad, first_value = inner_gradient_steps(
-            objectives, start, batches.lower, steps=T - K, lr=self.lr, total=T
+            objectives, start, batches.lower, steps=T - K, lr=self.inner_lr, total=T
         )
         # Steps inside the window, with plain autograd.grad(create_graph=True): faster than
         # torch.func.grad of the whole loop (docs/performance.md, "Measured choices inside
@@ -100,7 +108,7 @@ class Unrolled:
             gth = grad(g, theta, create_graph=True)
             if t == 0:
                 first_grad, first_value = [x.detach() for x in gth], g.detach()
-            theta = [th - self.lr * gr for th, gr in zip(theta, gth)]
+            theta = [th - self.inner_lr * gr for th, gr in zip(theta, gth)]
         where = f"after {T} inner steps"
         f = objectives.upper(outer_tree, variables.inner_tree(theta), batches.upper, where)
         outer_grad = grad(f, alpha)  # frees the unrolled graph
@@ -179,8 +187,13 @@ class Implicit:
             return vjp(gth, theta, v, retain_graph=True)
 
         solve = as_linear_solve(self.linear_solver, "Implicit")
-        v, solve_info = solve(hvp, f_theta, init)
+        v, solve_info = unpack_solution(solve(hvp, f_theta, init), solve, "Implicit")
         v = _check_solution(v, f_theta)
+        # A NaN or inf in v (a user's solver that does not check, as the shipped ones do)
+        # is refused at the step's single finiteness check, naming the solver.
+        objectives.record_finite(
+            tree.sq_norm_list(v), f"the linear solver {solver_name(solve)} (‖x‖² of its solution)"
+        )
         mixed = vjp(gth, alpha, v, retain_graph=False)  # ∇²_{αθ} g · v; frees the graph
         scalars: dict[str, torch.Tensor | float] = {"upper_loss": f.detach(), "lower_loss": g.detach()}
         scalars.update({f"solver_{k}": val for k, val in dict(solve_info).items()})

@@ -136,6 +136,12 @@ class CheckedObjectives:
         self._labels.append(f"the {which} objective ({where})")
         return value
 
+    def record_finite(self, value: torch.Tensor, label: str) -> None:
+        """Add a 0-dim ``value`` to the deferred finiteness check; ``label`` says what
+        produced it ("the linear solver CG (its solution x)")."""
+        self._values.append(value.detach().reshape(()))
+        self._labels.append(label)
+
     def upper(self, outer: Any, inner: Any, batch: Any, where: str) -> torch.Tensor:
         return self._record(self.problem.upper(outer, inner, batch), "upper", where)
 

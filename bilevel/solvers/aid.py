@@ -44,7 +44,9 @@ class AID:
     at θ^(T):  dF/dα = ∇_α f − ∇²_{αθ} g · v,  ∇²_{θθ} g · v = ∇_θ f  (``linear_solver``).
 
     ``inner_grad`` is ∇_θ g(α, θ) at the current θ (the first inner step's gradient), and
-    ``inner_solution`` is θ^(T). With ``inner_steps=0`` the current θ is taken as the solution.
+    ``inner_solution`` is θ^(T). With ``inner_steps=0`` the current θ is taken as the solution
+    (meaningful, so accepted: θ solved elsewhere, or kept near θ* by the inner optimizer's
+    one step per outer step; ``inner_lr`` is then unused).
 
     ``warm_start=True`` passes the previous step's v as ``init`` to the linear solver (CG,
     FixedPoint: fewer iterations when α and θ move little between outer steps; Neumann:

@@ -7,7 +7,7 @@ from typing import Any
 
 from .. import tree
 from .._checks import check_int, check_positive
-from .._hypergrad import Unrolled
+from .._hypergrad import Unrolled, check_truncate
 from .._internals import Batches, CheckedObjectives, flatten_variables
 from ..problem import Problem
 from .base import StepResult
@@ -36,8 +36,7 @@ class ITD:
     def __post_init__(self) -> None:
         check_int("ITD", "inner_steps", self.inner_steps, minimum=1)
         check_positive("ITD", "inner_lr", self.inner_lr)
-        # Reuse Unrolled's validation of truncate.
-        Unrolled(self.inner_steps, self.inner_lr, self.truncate)
+        check_truncate("ITD", self.truncate, self.inner_steps)
 
     def step(
         self, problem: Problem, outer: Any, inner: Any, *, upper_batch: Any, lower_batch: Any
