@@ -17,10 +17,11 @@ See docs/bilevel.md for the formulas, costs and a runnable example.
 """
 
 from . import linalg, tree
+from ._finite_difference import FiniteDifference
 from ._hypergrad import Estimate, HypergradMethod, Implicit, Unrolled, hypergrad
 from .loop import History, apply, fit
 from .problem import Problem
-from .solvers import AID, BOME, ITD, StepResult
+from .solvers import AID, BOME, FD, ITD, StepResult
 
 __version__ = "0.1.0"
 
@@ -28,6 +29,8 @@ __all__ = [
     "AID",
     "BOME",
     "Estimate",
+    "FD",
+    "FiniteDifference",
     "HypergradMethod",
     "ITD",
     "History",

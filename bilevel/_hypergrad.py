@@ -12,6 +12,9 @@ pytree shaped like ``outer``. ``method`` is
       dF/dα = ∇_α f − ∇²_{αθ} g · v,   where  ∇²_{θθ} g · v = ∇_θ f  is solved by S,
 
   S being any ``solve(matvec, b, init=None) -> (x, info)`` (see :mod:`bilevel.linalg`).
+* ``FiniteDifference(inner_lr=ξ, eps)`` (in ``_finite_difference``): DARTS' approximation of
+  the one-step unrolled hypergradient, the mixed Hessian-vector product replaced by a central
+  difference of ∇_α g;
 * any object with the :class:`HypergradMethod` ``estimate`` method.
 """
 
@@ -244,7 +247,8 @@ def hypergrad(
     """
     if not isinstance(method, HypergradMethod):
         raise TypeError(
-            "hypergrad: method must be bilevel.Unrolled or bilevel.Implicit (or an object with "
+            "hypergrad: method must be bilevel.Unrolled, bilevel.Implicit or "
+            "bilevel.FiniteDifference (or an object with "
             f"estimate(objectives, variables, batches) -> Estimate), got {type(method).__name__}"
         )
     objectives = CheckedObjectives(problem, f"hypergrad({type(method).__name__})")

@@ -28,6 +28,7 @@ __all__ = [
     "FlatVariables",
     "flatten_variables",
     "inner_gradient_steps",
+    "start_step",
 ]
 
 
@@ -222,3 +223,30 @@ def inner_gradient_steps(
         with torch.no_grad():
             theta = torch._foreach_add(theta, gth, alpha=-lr)
     return [x.detach() for x in theta], first_grad, first_value
+
+
+@dataclass(frozen=True)
+class StepStart:
+    """What a solver's ``step`` begins with: the checked objectives, the flat variables, and
+    θ after the graph-free inner steps with the first step's gradient and value (None when
+    no step ran)."""
+
+    objectives: CheckedObjectives
+    variables: FlatVariables
+    theta: list[torch.Tensor]
+    first_grad: list[torch.Tensor] | None
+    first_value: torch.Tensor | None
+
+
+def start_step(
+    owner: str, problem: Problem, outer: Any, inner: Any, lower_batch: Any, *,
+    steps: int, lr: float, total: int | None = None,
+) -> StepStart:
+    """Check the problem and variables for ``owner`` and run ``steps`` graph-free inner
+    gradient steps of size ``lr`` from ``inner`` (:func:`inner_gradient_steps`)."""
+    objectives = CheckedObjectives(problem, owner)
+    variables = flatten_variables(owner, outer, inner)
+    theta, first_grad, first_value = inner_gradient_steps(
+        objectives, variables, lower_batch, steps=steps, lr=lr, total=total
+    )
+    return StepStart(objectives, variables, theta, first_grad, first_value)

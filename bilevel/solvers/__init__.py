@@ -4,6 +4,7 @@ upper_batch, lower_batch) -> StepResult``."""
 from .aid import AID
 from .base import StepResult
 from .bome import BOME
+from .fd import FD
 from .itd import ITD
 
-__all__ = ["AID", "BOME", "ITD", "StepResult"]
+__all__ = ["AID", "BOME", "FD", "ITD", "StepResult"]

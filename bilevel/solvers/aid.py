@@ -10,7 +10,7 @@ import torch
 from .. import tree
 from .._checks import check_int, check_positive
 from .._hypergrad import Implicit
-from .._internals import Batches, CheckedObjectives, flatten_variables, inner_gradient_steps
+from .._internals import Batches, start_step
 from ..linalg import CG, LinearSolve, LinearSolver
 from ..problem import Problem
 from .base import StepResult
@@ -83,11 +83,11 @@ class AID:
         self, problem: Problem, outer: Any, inner: Any, *, upper_batch: Any, lower_batch: Any
     ) -> StepResult:
         """One outer step; see the class docstring."""
-        objectives = CheckedObjectives(problem, "AID.step")
-        variables = flatten_variables("AID.step", outer, inner)
-        theta, first_grad, first_value = inner_gradient_steps(
-            objectives, variables, lower_batch, steps=self.inner_steps, lr=self.inner_lr
+        start = start_step(
+            "AID.step", problem, outer, inner, lower_batch, steps=self.inner_steps, lr=self.inner_lr
         )
+        objectives, variables = start.objectives, start.variables
+        theta, first_grad, first_value = start.theta, start.first_grad, start.first_value
         est = Implicit(self.linear_solver).estimate(
             objectives,
             variables.replace(inner=theta),

@@ -128,7 +128,7 @@ def test_bad_configuration_fails_at_construction(make, match):
 
 def test_bad_inputs():
     prob = problem()
-    with pytest.raises(TypeError, match="method must be bilevel.Unrolled or bilevel.Implicit"):
+    with pytest.raises(TypeError, match="method must be bilevel.Unrolled, bilevel.Implicit or "):
         bilevel.hypergrad(
             prob, OUTER, INNER, upper_batch=None, lower_batch=None, method=linalg.CG()
         )
