@@ -16,9 +16,10 @@ Public API::
 See docs/bilevel.md for the formulas, costs and a runnable example.
 """
 
-from . import linalg, tree
+from . import inner_optim, linalg, tree
 from ._finite_difference import FiniteDifference
 from ._hypergrad import Estimate, HypergradMethod, Implicit, Unrolled, hypergrad
+from .inner_optim import SGD, Adam
 from .loop import History, apply, fit
 from .problem import Problem
 from .solvers import AID, BOME, FD, ITD, StepResult
@@ -27,6 +28,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "AID",
+    "Adam",
     "BOME",
     "Estimate",
     "FD",
@@ -36,11 +38,13 @@ __all__ = [
     "History",
     "Implicit",
     "Problem",
+    "SGD",
     "StepResult",
     "Unrolled",
     "apply",
     "fit",
     "hypergrad",
+    "inner_optim",
     "linalg",
     "__version__",
     "tree",

@@ -36,6 +36,7 @@ from ._internals import (
     flatten_variables,
     inner_gradient_steps,
 )
+from .inner_optim import SGD, InnerOptimizer, check_inner_optimizer, detach_state
 from .linalg import CG, LinearSolve, LinearSolver, as_linear_solve, solver_name, unpack_solution
 from .problem import Problem
 
@@ -77,16 +78,27 @@ class Unrolled:
     Shaban et al., 2019). Cost: T forward-backward passes of g, K of them with a graph
     (create_graph) and one extra backward through those K steps, plus one forward-backward
     of f. Memory: O(K · |θ|) activations of g.
+
+    ``inner_optimizer`` is the update that is unrolled: ``bilevel.SGD()`` (plain gradient
+    descent, the default), ``bilevel.SGD(momentum=μ, nesterov=...)`` or
+    ``bilevel.Adam(betas, eps)`` (:mod:`bilevel.inner_optim`: torch.optim's rules, written
+    differentiably; torchopt's MetaSGD/MetaAdam are the peers), with learning rate
+    ``inner_lr``. Its state (momentum buffer, Adam's moments) starts at zero at the given θ
+    and is part of the graph; with ``truncate=K`` the state reached after the first T − K
+    steps is a constant, like θ_{T−K}. Memory adds the state: one θ-sized buffer per step
+    for momentum, two for Adam.
     """
 
     inner_steps: int
     inner_lr: float
     truncate: int | None = None
+    inner_optimizer: InnerOptimizer = field(default_factory=SGD)
 
     def __post_init__(self) -> None:
         check_int("Unrolled", "inner_steps", self.inner_steps, minimum=1)
         check_positive("Unrolled", "inner_lr", self.inner_lr)
         check_truncate("Unrolled", self.truncate, self.inner_steps)
+        check_inner_optimizer("Unrolled", self.inner_optimizer)
 
     def estimate(
         self, objectives: CheckedObjectives, variables: FlatVariables, batches: Batches
@@ -96,10 +108,17 @@ class Unrolled:
         K = T if self.truncate is None else self.truncate
         alpha = leaf_aliases(variables.outer)
         start = variables.replace(outer=alpha, inner=[x.detach() for x in variables.inner])
+        opt, lr = self.inner_optimizer, self.inner_lr
         # Steps outside the truncation window: no graph at all.
-        theta, first_grad, first_value = inner_gradient_steps(
-            objectives, start, batches.lower, steps=T - K, lr=self.inner_lr, total=T
-        )
+        if opt.plain:
+            state = None
+            theta, first_grad, first_value = inner_gradient_steps(
+                objectives, start, batches.lower, steps=T - K, lr=lr, total=T
+            )
+        else:
+            theta, state, first_grad, first_value = _optimizer_steps(
+                objectives, start, batches.lower, opt, steps=T - K, lr=lr, total=T
+            )
         # Steps inside the window, with plain autograd.grad(create_graph=True): faster than
         # torch.func.grad of the whole loop (docs/performance.md, "Measured choices inside
         # bilevel/").
@@ -111,7 +130,7 @@ class Unrolled:
             gth = grad(g, theta, create_graph=True)
             if t == 0:
                 first_grad, first_value = [x.detach() for x in gth], g.detach()
-            theta = [th - self.inner_lr * gr for th, gr in zip(theta, gth)]
+            theta, state = opt.step(theta, gth, state, lr)
         where = f"after {T} inner steps"
         f = objectives.upper(outer_tree, variables.inner_tree(theta), batches.upper, where)
         outer_grad = grad(f, alpha)  # frees the unrolled graph
@@ -122,6 +141,33 @@ class Unrolled:
             first_inner_grad=first_grad,
             scalars={"upper_loss": f.detach(), "lower_loss": first_value},
         )
+
+
+def _optimizer_steps(
+    objectives: CheckedObjectives,
+    variables: FlatVariables,
+    batch: Any,
+    opt: InnerOptimizer,
+    *,
+    steps: int,
+    lr: float,
+    total: int,
+) -> tuple[list[torch.Tensor], Any, list[torch.Tensor] | None, torch.Tensor | None]:
+    """``steps`` graph-free steps of a stateful inner optimizer from ``variables.inner``:
+    θ, the (detached) optimizer state, and the first step's gradient and value."""
+    outer = variables.outer_tree([a.detach() for a in variables.outer])
+    theta = [x.detach() for x in variables.inner]
+    state = opt.init(theta)
+    first_grad, first_value = None, None
+    for t in range(steps):
+        leaves = leaf_aliases(theta)
+        g = objectives.lower(outer, variables.inner_tree(leaves), batch, f"inner step {t + 1} of {total}")
+        gth = grad(g, leaves)
+        if t == 0:
+            first_grad, first_value = gth, g.detach()
+        with torch.no_grad():
+            theta, state = opt.step(theta, gth, state, lr)
+    return theta, detach_state(state), first_grad, first_value
 
 
 def _check_solution(x: Any, b: list[torch.Tensor]) -> list[torch.Tensor]:
