@@ -22,7 +22,7 @@ from ._hypergrad import Estimate, HypergradMethod, Implicit, Unrolled, hypergrad
 from .inner_optim import SGD, Adam
 from .loop import History, apply, fit
 from .problem import Problem
-from .solvers import AID, BOME, FD, ITD, StepResult
+from .solvers import AID, BOME, F2SA, FD, ITD, SOBA, VPBGD, StepResult
 
 __version__ = "0.1.0"
 
@@ -31,6 +31,7 @@ __all__ = [
     "Adam",
     "BOME",
     "Estimate",
+    "F2SA",
     "FD",
     "FiniteDifference",
     "HypergradMethod",
@@ -39,8 +40,10 @@ __all__ = [
     "Implicit",
     "Problem",
     "SGD",
+    "SOBA",
     "StepResult",
     "Unrolled",
+    "VPBGD",
     "apply",
     "fit",
     "hypergrad",

@@ -5,37 +5,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
-
 from .. import tree
 from .._checks import check_int, check_positive
 from .._hypergrad import Implicit
 from .._internals import Batches, start_step
 from ..linalg import CG, LinearSolve, LinearSolver
 from ..problem import Problem
+from ._state import WarmStart
 from .base import StepResult
 
 __all__ = ["AID"]
-
-
-class _LastSolution:
-    """The previous step's linear-system solution v, offered as the next solve's ``init``.
-
-    Only reused when it matches the new right-hand side leaf for leaf (shape, dtype,
-    device): a step on other inner variables starts from 0 again.
-    """
-
-    def __init__(self) -> None:
-        self.v: list[torch.Tensor] | None = None
-
-    def init_for(self, variables_inner: list[torch.Tensor]) -> list[torch.Tensor] | None:
-        v = self.v
-        if v is None or len(v) != len(variables_inner):
-            return None
-        for a, b in zip(v, variables_inner):
-            if a.shape != b.shape or a.dtype != b.dtype or a.device != b.device:
-                return None
-        return v
 
 
 @dataclass(frozen=True)
@@ -64,8 +43,8 @@ class AID:
     inner_lr: float
     linear_solver: LinearSolver | LinearSolve = field(default_factory=CG)
     warm_start: bool = False
-    _last: _LastSolution = field(
-        default_factory=_LastSolution, init=False, repr=False, compare=False
+    _last: WarmStart = field(
+        default_factory=WarmStart, init=False, repr=False, compare=False
     )
 
     def __post_init__(self) -> None:
