@@ -157,3 +157,89 @@ def test_fd_converges_to_the_bilevel_solution_when_one_step_solves_the_lower_lev
 def test_new_solver_options_are_checked_at_construction(make, match):
     with pytest.raises((TypeError, ValueError), match=match):
         make()
+
+
+# --- one step against its closed form ---------------------------------------------------------
+def _point(seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    a = {"a": torch.randn(2, generator=gen, dtype=F64)}
+    t = {"theta": torch.randn(3, generator=gen, dtype=F64)}
+    return a, t
+
+
+def test_soba_steps_match_their_closed_form_and_warm_start_v():
+    # ∇_θ g = Aθ − Bα − c, ∇²_θθ g = A, ∇²_αθ g · v = −Bᵀv, ∇_θ f = Cᵀ(Cθ − p)
+    a, t = _point()
+    alpha, theta = a["a"], t["theta"]
+    solver, rho_v = bilevel.SOBA(v_lr=0.3), 0.3
+    f_theta = C.T @ (C @ theta - p)
+    v = torch.zeros(3, dtype=F64)
+    for _ in range(3):  # v evolves inside the instance; (α, θ) held fixed here
+        r = solver.step(PROBLEM, a, t, upper_batch=None, lower_batch=None)
+        assert torch.allclose(r.outer_grad["a"], RHO * alpha - B.T @ v, rtol=1e-12, atol=1e-14)
+        assert torch.allclose(r.inner_grad["theta"], A @ theta - B @ alpha - c, rtol=1e-12)
+        assert r.info["v_residual_norm"] == pytest.approx(float((A @ v + f_theta).norm()), rel=1e-12)
+        v = v - rho_v * (A @ v + f_theta)
+    assert r.inner_solution is None
+    solver.reset()
+    r = solver.step(PROBLEM, a, t, upper_batch=None, lower_batch=None)
+    assert torch.allclose(r.outer_grad["a"], RHO * alpha, rtol=1e-12)  # v = 0 again
+
+
+def test_vpbgd_direction_is_grad_f_plus_gamma_grad_q_and_gamma_follows_its_schedule():
+    a, t = _point(1)
+    T, beta = 4, 0.3
+    solver = bilevel.VPBGD(T, beta, gamma=2.0, gamma_growth=0.5, gamma_max=2.6)
+    bome = bilevel.BOME(T, beta)  # same q̂ terms; its info reports ∇f and ∇q̂ norms
+    for k, gamma in enumerate([2.0, 2.5, 2.6, 2.6]):
+        r = solver.step(PROBLEM, a, t, upper_batch=None, lower_batch=None)
+        assert r.info["gamma"] == gamma, k
+    solver.reset_schedule()
+    r = solver.step(PROBLEM, a, t, upper_batch=None, lower_batch=None)
+    assert r.info["gamma"] == 2.0
+    # closed form: θ^(T) = θ* + (I − βA)^T (θ − θ*); ∇q̂ = (−Bᵀ(θ − θ^(T)), Aθ − Bα − c)
+    alpha, theta = a["a"], t["theta"]
+    ts = AINV @ (B @ alpha + c)
+    tT = ts + torch.linalg.matrix_power(torch.eye(3, dtype=F64) - beta * A, T) @ (theta - ts)
+    dq_a, dq_t = -B.T @ (theta - tT), A @ theta - B @ alpha - c
+    df_a, df_t = RHO * alpha, C.T @ (C @ theta - p)
+    assert torch.allclose(r.outer_grad["a"], df_a + 2.0 * dq_a, rtol=1e-12)
+    assert torch.allclose(r.inner_grad["theta"], df_t + 2.0 * dq_t, rtol=1e-12)
+    assert torch.allclose(r.inner_solution["theta"], tT, rtol=1e-12)
+    q = bome.step(PROBLEM, a, t, upper_batch=None, lower_batch=None).info["q"]
+    assert r.info["q"] == pytest.approx(q, rel=1e-12)
+    assert r.info["penalized_loss"] == pytest.approx(r.info["upper_loss"] + 2.0 * q, rel=1e-12)
+
+
+def test_f2sa_step_matches_its_closed_form_and_keeps_y_between_steps():
+    a, t = _point(2)
+    alpha, theta = a["a"], t["theta"]
+    T, beta, lam = 3, 0.2, 4.0
+    eye = torch.eye(3, dtype=F64)
+    ts = AINV @ (B @ alpha + c)
+    zT = ts + torch.linalg.matrix_power(eye - beta * A, T) @ (theta - ts)
+
+    def y_steps(y):  # y ← y − β(Cᵀ(Cy − p)/λ + Ay − Bα − c)
+        for _ in range(T):
+            y = y - beta * (C.T @ (C @ y - p) / lam + A @ y - B @ alpha - c)
+        return y
+
+    def direction(y):  # ∇_α f(y) + λ(∇_α g(y) − ∇_α g(z_T)) = ρα − λBᵀ(y − z_T)
+        return RHO * alpha - lam * B.T @ (y - zT)
+
+    warm, cold = bilevel.F2SA(T, beta, lam=lam), bilevel.F2SA(T, beta, lam=lam, warm_start=False)
+    y1 = y_steps(theta)
+    for solver in (warm, cold):
+        r = solver.step(PROBLEM, a, t, upper_batch=None, lower_batch=None)
+        assert torch.allclose(r.outer_grad["a"], direction(y1), rtol=1e-12)
+        assert torch.allclose(r.inner_solution["theta"], zT, rtol=1e-12)
+        assert torch.allclose(r.inner_grad["theta"], A @ theta - B @ alpha - c, rtol=1e-12)
+    # the second step: warm continues y from y_T, cold restarts it at θ
+    y2 = y_steps(y1)
+    r = warm.step(PROBLEM, a, t, upper_batch=None, lower_batch=None)
+    assert torch.allclose(r.outer_grad["a"], direction(y2), rtol=1e-12)
+    r = cold.step(PROBLEM, a, t, upper_batch=None, lower_batch=None)
+    assert torch.allclose(r.outer_grad["a"], direction(y1), rtol=1e-12)
+    warm.reset()
+    r = warm.step(PROBLEM, a, t, upper_batch=None, lower_batch=None)
+    assert torch.allclose(r.outer_grad["a"], direction(y1), rtol=1e-12)
