@@ -27,6 +27,9 @@ ALL = [
     bilevel.ITD(5, 0.1),
     bilevel.ITD(5, 0.1, truncate=2),
     bilevel.AID(5, 0.1),
+    bilevel.FD(5, 0.1),
+    bilevel.VPBGD(5, 0.1),
+    bilevel.F2SA(5, 0.1),
 ]
 
 
@@ -301,3 +304,15 @@ def test_aid_with_zero_inner_steps_is_implicit_differentiation_at_the_current_th
                           method=bilevel.Implicit(linalg.Dense()))
     assert torch.equal(r.outer_grad["a"], h["a"])
     assert torch.equal(r.inner_solution["t"], theta["t"])
+
+
+def test_soba_names_the_objective_and_where_it_failed():
+    # single loop: no inner steps to number, every call is at the current (α, θ)
+    def g(o, i, b):
+        return 0.5 * i["t"] ** 2
+
+    with pytest.raises(ValueError, match=r"SOBA.step: the lower objective must return a scalar .*"
+                                         r"\(at the current \(α, θ\)\)"):
+        run(bilevel.SOBA(0.1), problem(lower=g))
+    with pytest.raises(FloatingPointError, match=r"SOBA.step: the upper objective .* \(inf\)"):
+        run(bilevel.SOBA(0.1), problem(upper=lambda o, i, b: (i["t"] ** 2).sum() + float("inf")))
