@@ -6,10 +6,13 @@ Public API::
 
     problem = bilevel.Problem(upper=f, lower=g)          # f, g: (outer, inner, batch) -> scalar
     bilevel.hypergrad(problem, outer, inner, upper_batch=..., lower_batch=...,
-                      method=bilevel.Unrolled(inner_steps=T, inner_lr=β) | bilevel.Implicit(bilevel.linalg.CG()),
+                      method=bilevel.Unrolled(inner_steps=T, inner_lr=β) | bilevel.Implicit(bilevel.linalg.CG())
+                             | bilevel.FiniteDifference(inner_lr=β),
                       return_info=False)
     bilevel.Implicit(linear_solver=solve)   # any solve(matvec, b, init=None) -> (x, info)
     solver = bilevel.BOME(10, 0.1) | bilevel.ITD(10, 0.1) | bilevel.AID(10, 0.1)
+           | bilevel.FD(1, 0.1) | bilevel.VPBGD(10, 0.1) | bilevel.F2SA(10, 0.1) | bilevel.SOBA(0.1)
+    bilevel.ITD(10, 0.1, inner_optimizer=bilevel.Adam())   # unroll Adam (or bilevel.SGD(momentum=0.9))
     result = solver.step(problem, outer, inner, upper_batch=..., lower_batch=...)
     bilevel.fit(problem, solver, outer, inner, steps=..., outer_optimizer=..., inner_optimizer=...)
 

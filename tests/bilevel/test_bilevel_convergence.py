@@ -123,7 +123,7 @@ def test_fd_converges_to_the_darts_fixed_point():
     a, theta, _ = run(bilevel.FD(1, beta), steps=400, lr_outer=0.3, lr_inner=0.5)
     assert rel(a, a_fd) < 1e-8
     assert rel(theta, AINV @ (B @ a + c)) < 1e-8
-    assert rel(a_fd, ALPHA_STAR) > 0.05  # one differentiated step: not the bilevel solution
+    assert 0.15 < rel(a_fd, ALPHA_STAR) < 0.2  # one differentiated step: 18 % off the solution
 
 
 def test_fd_converges_to_the_bilevel_solution_when_one_step_solves_the_lower_level():
