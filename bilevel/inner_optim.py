@@ -14,9 +14,10 @@ The learning rate is the method's ``inner_lr``. Each step is
         m̂_t = m_t / (1 − β₁^t),  v̂_t = v_t / (1 − β₂^t)           (Kingma & Ba, ICLR 2015)
 
 with g_t = ∇_θ g(α, θ_{t−1}). For ε_r = 0 this is ``torch.optim.Adam``'s rule (checked in
-``tests/bilevel/test_bilevel_inner_optim.py``); ε_r > 0 is torchopt's ``eps_root``, which keeps
-the derivative of √· finite where a gradient entry is exactly 0 (with ε_r = 0 such an
-entry's derivative is 0·∞ = NaN and the hypergradient is refused as non-finite).
+``tests/bilevel/test_bilevel_inner_optim.py``); ε_r is torchopt's ``eps_root``. Where a
+gradient entry is exactly 0 (v̂ = 0), the derivative of √v̂ is taken as 0, not autograd's
+1/(2·0) = ∞ times a zero cotangent = NaN (see ``_sqrt0``): the step's true derivative there
+comes through m alone, and the hypergradient stays finite with ε_r = 0.
 Memory per differentiated step: θ plus the optimizer state (SGD with momentum: one buffer;
 Adam: two), all kept in the unrolled graph.
 """
@@ -123,10 +124,22 @@ class Adam:
         c1, c2 = 1 - b1**t, 1 - b2**t
         # lr·m̂/(√(v̂ + ε_r) + ε) with the bias corrections as Python floats
         out = [
-            th - (lr / c1) * mi / ((vi / c2 + self.eps_root).sqrt() + self.eps)
+            th - (lr / c1) * mi / (_sqrt0(vi / c2 + self.eps_root) + self.eps)
             for th, mi, vi in zip(theta, m, v)
         ]
         return out, (t, m, v)
+
+
+def _sqrt0(x: torch.Tensor) -> torch.Tensor:
+    """√x with derivative 0 instead of ∞ where x = 0 (the forward value is exactly √x).
+
+    Where a gradient entry is exactly 0, v = 0 and autograd's derivative of √v is
+    1/(2·0) = ∞, multiplied by a zero cotangent: NaN, which then poisons the whole
+    hypergradient. The derivative of the step through v there is truly 0 (v = Σ(1 − β₂)g²
+    has derivative 2(1 − β₂)g = 0 at g = 0, and the product's limit is 0), so the "double
+    where" gives the correct total derivative, 1/ε per unit of g through m."""
+    positive = x > 0
+    return torch.where(positive, torch.where(positive, x, torch.ones_like(x)).sqrt(), torch.zeros_like(x))
 
 
 InnerOptimizer = SGD | Adam

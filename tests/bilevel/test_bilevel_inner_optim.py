@@ -143,3 +143,35 @@ def test_truncated_momentum_treats_the_window_start_state_as_constant():
 def test_inner_optimizer_options_are_checked_at_construction(make, match):
     with pytest.raises((TypeError, ValueError), match=match):
         make()
+
+
+def test_adam_through_a_gradient_entry_that_is_exactly_zero_is_finite_and_right():
+    # θ₀ = α in the first entry: g's gradient there is exactly 0 at step 1, so v̂ = 0 and
+    # autograd's d√v̂ = ∞ · 0 = NaN would poison the hypergradient. The true derivative
+    # comes through m alone; eps = 1 makes it resolvable by central differences (with the
+    # default 1e-8 it is ~1/eps per step, as steep as Adam's map is there).
+    def lower(o, i, b):
+        return 0.5 * ((i["theta"] - o["a"]) ** 2).sum()
+
+    def upper(o, i, b):
+        return ((i["theta"] - 1) ** 2).sum()
+
+    problem = bilevel.Problem(upper=upper, lower=lower)
+    alpha = {"a": torch.tensor([0.5, 0.3], dtype=F64)}
+    theta0 = torch.tensor([0.5, -1.0], dtype=F64)
+    lr, T, h = 0.1, 3, 1e-6
+
+    def F(a):
+        make = lambda p, lr: torch.optim.Adam(p, lr=lr, eps=1.0)  # noqa: E731
+        theta_T = torch_optim_trajectory(problem, {"a": a}, theta0, make, lr, T)
+        return upper({"a": a}, {"theta": theta_T}, None)
+
+    fd = torch.stack([(F(alpha["a"] + h * e) - F(alpha["a"] - h * e)) / (2 * h)
+                      for e in torch.eye(2, dtype=F64)])
+    args = dict(upper_batch=None, lower_batch=None)
+    got = bilevel.hypergrad(problem, alpha, {"theta": theta0}, **args,
+                            method=bilevel.Unrolled(T, lr, inner_optimizer=bilevel.Adam(eps=1.0)))
+    assert relerr(got["a"], fd) < 1e-5, (got["a"], fd)
+    default = bilevel.hypergrad(problem, alpha, {"theta": theta0}, **args,
+                                method=bilevel.Unrolled(T, lr, inner_optimizer=bilevel.Adam()))
+    assert torch.isfinite(default["a"]).all()
