@@ -281,7 +281,8 @@ def hypergrad(
         inner: pytree of floating tensors θ: the starting point for ``Unrolled``, the
             (approximate) lower-level solution for ``Implicit``.
         upper_batch, lower_batch: passed unchanged to f and g.
-        method: ``Unrolled(...)``, ``Implicit(...)`` or any :class:`HypergradMethod`.
+        method: ``Unrolled(...)``, ``Implicit(...)``, ``FiniteDifference(...)`` or any
+            :class:`HypergradMethod`.
         return_info: also return the diagnostics (docs/bilevel.md lists the keys).
 
     Returns:
