@@ -243,3 +243,29 @@ def test_f2sa_step_matches_its_closed_form_and_keeps_y_between_steps():
     warm.reset()
     r = warm.step(PROBLEM, a, t, upper_batch=None, lower_batch=None)
     assert torch.allclose(r.outer_grad["a"], direction(y1), rtol=1e-12)
+
+
+@pytest.mark.parametrize(
+    "solver, lower_calls, upper_calls",
+    [
+        (bilevel.VPBGD(4, 0.1), 4 + 1, 1),  # BOME's floor: T steps + g at θ^(T); one f
+        (bilevel.F2SA(4, 0.1), 4 + 4 + 2, 4 + 1),  # z: T; y: T of f + g; then g at y_T, z_T
+        (bilevel.SOBA(0.1), 1, 1),  # one g (double backward) and one f per step
+        (bilevel.FD(4, 0.1), 4 + 2, 1),  # T steps + the two perturbed gradients
+    ],
+    ids=lambda x: type(x).__name__ if not isinstance(x, int) else str(x),
+)
+def test_objective_calls_per_step_are_the_documented_cost(solver, lower_calls, upper_calls):
+    calls = {"lower": 0, "upper": 0}
+
+    def lower(o, i, b):
+        calls["lower"] += 1
+        return PROBLEM.lower(o, i, b)
+
+    def upper(o, i, b):
+        calls["upper"] += 1
+        return PROBLEM.upper(o, i, b)
+
+    a, t = _point(3)
+    solver.step(bilevel.Problem(upper=upper, lower=lower), a, t, upper_batch=None, lower_batch=None)
+    assert calls == {"lower": lower_calls, "upper": upper_calls}
