@@ -6,6 +6,8 @@ pytree shaped like ``outer``. ``method`` is
 * ``Unrolled(inner_steps=T, inner_lr=β, truncate=K)``: θ_0 = inner, θ_{t+1} = θ_t − β ∇_θ g(α, θ_t) and
   dF/dα = d f(α, θ_T)/dα by reverse-mode through the last K steps (all T when K is None);
   the first T − K steps run without a graph, so memory is O(K · |θ|) instead of O(T · |θ|).
+  ``inner_optimizer=bilevel.SGD(momentum=...)`` or ``bilevel.Adam(...)`` unrolls that update
+  instead of plain gradient descent (:mod:`bilevel.inner_optim`).
 * ``Implicit(linear_solver=S)``: takes θ = inner as the lower-level solution and uses the
   implicit function theorem,
 

@@ -6,7 +6,8 @@
   walk a tree;
 * :class:`Batches` bundles the two batches; :class:`Estimate` is what a hypergradient
   method returns;
-* :func:`inner_gradient_steps` runs graph-free gradient steps on g.
+* :func:`inner_gradient_steps` runs graph-free gradient steps on g; :func:`start_step`
+  is how a solver's ``step`` begins (checks, flat variables, those steps).
 """
 
 from __future__ import annotations
