@@ -1,6 +1,6 @@
-"""SOBA: the single-loop SAGA-free variant of Dagréou, Ablin, Vaiter & Moreau, "A framework
-for bilevel optimization that enables stochastic and global variance reduction
-algorithms", NeurIPS 2022."""
+"""SOBA, the plain single-loop method of Dagréou, Ablin, Vaiter & Moreau, "A framework for
+bilevel optimization that enables stochastic and global variance reduction algorithms",
+NeurIPS 2022 (SABA, its SAGA variance-reduced sibling, is not implemented)."""
 
 from __future__ import annotations
 
@@ -31,6 +31,9 @@ class SOBA:
     (with v = −H⁻¹∇_θ f, D_α = ∇_α f − ∇²_αθ g H⁻¹ ∇_θ f); at a fixed point D_θ = D_v = D_α =
     0, i.e. θ = θ*(α), v solves the system, and α is a stationary point of F. The paper uses
     one step size ρ for θ and v: pass the inner optimizer's learning rate as ``v_lr``.
+    With fixed batches this is the deterministic method; with ``fit(batches=...)`` drawing
+    fresh batches each step it is the stochastic one, except that the three directions of a
+    step share that step's batches (the paper draws an independent sample per oracle).
 
     State: v lives in this instance between steps (warm-started across outer steps, starting
     at 0; only reused when its shapes, dtypes and devices match θ's), like AID's
