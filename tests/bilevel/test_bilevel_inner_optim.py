@@ -175,3 +175,15 @@ def test_adam_through_a_gradient_entry_that_is_exactly_zero_is_finite_and_right(
     default = bilevel.hypergrad(problem, alpha, {"theta": theta0}, **args,
                                 method=bilevel.Unrolled(T, lr, inner_optimizer=bilevel.Adam()))
     assert torch.isfinite(default["a"]).all()
+
+
+def test_every_unroll_starts_a_fresh_optimizer_state():
+    # The optimizer objects are stateless: the same ITD (and SGD with dampening, whose
+    # first step b₁ = g₁ differs from later ones) gives the same step twice.
+    problem, alpha, _, _, _ = quadratic(3, 2, 5.0, 8)
+    theta0 = {"theta": torch.randn(3, generator=torch.Generator().manual_seed(4), dtype=F64)}
+    solver = bilevel.ITD(4, 0.1, inner_optimizer=bilevel.SGD(momentum=0.9, dampening=0.5))
+    first, second = (solver.step(problem, alpha, theta0, upper_batch=None, lower_batch=None)
+                     for _ in range(2))
+    assert torch.equal(first.outer_grad["a"], second.outer_grad["a"])
+    assert torch.equal(first.inner_solution["theta"], second.inner_solution["theta"])
