@@ -18,6 +18,8 @@ forms, computed here with torch.linalg.solve:
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import bilevel
 from tests.bilevel.test_bilevel_hypergrad import quadratic
@@ -160,16 +162,18 @@ def test_new_solver_options_are_checked_at_construction(make, match):
 
 
 # --- one step against its closed form ---------------------------------------------------------
-def _point(seed=0):
+def _point(seed):
     gen = torch.Generator().manual_seed(seed)
     a = {"a": torch.randn(2, generator=gen, dtype=F64)}
     t = {"theta": torch.randn(3, generator=gen, dtype=F64)}
     return a, t
 
 
-def test_soba_steps_match_their_closed_form_and_warm_start_v():
+@settings(max_examples=8, deadline=None)
+@given(st.integers(0, 2**16))
+def test_soba_steps_match_their_closed_form_and_warm_start_v(seed):
     # ∇_θ g = Aθ − Bα − c, ∇²_θθ g = A, ∇²_αθ g · v = −Bᵀv, ∇_θ f = Cᵀ(Cθ − p)
-    a, t = _point()
+    a, t = _point(seed)
     alpha, theta = a["a"], t["theta"]
     solver, rho_v = bilevel.SOBA(v_lr=0.3), 0.3
     f_theta = C.T @ (C @ theta - p)
@@ -186,8 +190,10 @@ def test_soba_steps_match_their_closed_form_and_warm_start_v():
     assert torch.allclose(r.outer_grad["a"], RHO * alpha, rtol=1e-12)  # v = 0 again
 
 
-def test_vpbgd_direction_is_grad_f_plus_gamma_grad_q_and_gamma_follows_its_schedule():
-    a, t = _point(1)
+@settings(max_examples=8, deadline=None)
+@given(st.integers(0, 2**16))
+def test_vpbgd_direction_is_grad_f_plus_gamma_grad_q_and_gamma_follows_its_schedule(seed):
+    a, t = _point(seed)
     T, beta = 4, 0.3
     solver = bilevel.VPBGD(T, beta, gamma=2.0, gamma_growth=0.5, gamma_max=2.6)
     bome = bilevel.BOME(T, beta)  # same q̂ terms; its info reports ∇f and ∇q̂ norms
@@ -211,8 +217,10 @@ def test_vpbgd_direction_is_grad_f_plus_gamma_grad_q_and_gamma_follows_its_sched
     assert r.info["penalized_loss"] == pytest.approx(r.info["upper_loss"] + 2.0 * q, rel=1e-12)
 
 
-def test_f2sa_step_matches_its_closed_form_and_keeps_y_between_steps():
-    a, t = _point(2)
+@settings(max_examples=8, deadline=None)
+@given(st.integers(0, 2**16))
+def test_f2sa_step_matches_its_closed_form_and_keeps_y_between_steps(seed):
+    a, t = _point(seed)
     alpha, theta = a["a"], t["theta"]
     T, beta, lam = 3, 0.2, 4.0
     eye = torch.eye(3, dtype=F64)
