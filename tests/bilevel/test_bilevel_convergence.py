@@ -102,6 +102,30 @@ def test_vpbgd_with_a_fixed_gamma_converges_to_the_penalized_minimizer():
     assert history.last["gamma"] == gamma
 
 
+def test_vpbgd_with_a_growing_gamma_and_a_fixed_learning_rate_diverges():
+    # The θ direction ∇_θ f + γ∇_θ g has curvature ~ γ·L_g: with the learning rate that is
+    # stable at γ = 10, γ_k = 10 + k diverges (the objectives overflow and the step says so).
+    with pytest.raises(FloatingPointError, match="VPBGD.step: the .* objective .* non-finite"):
+        run(bilevel.VPBGD(2, 2 / 3, gamma=10.0, gamma_growth=1.0), steps=300,
+            lr_outer=0.02, lr_inner=0.02, momentum=0.8)
+
+
+def test_vpbgd_with_a_growing_gamma_and_learning_rates_shrinking_like_one_over_gamma():
+    # With learning rates 0.2/γ_k (a LambdaLR stepped from fit's callback) it is stable but
+    # slow: γ_k = 10 + 0.3k ends 1.3 % from the solution, no closer than γ = 10's bias.
+    solver = bilevel.VPBGD(8, 2 / 3, gamma=10.0, gamma_growth=0.3)
+    outer = {"a": ALPHA0["a"].clone().requires_grad_()}
+    inner = {"theta": torch.zeros(3, dtype=F64, requires_grad=True)}
+    opts = [torch.optim.SGD(list(x.values()), lr=1.0, momentum=0.8) for x in (outer, inner)]
+    scheds = [torch.optim.lr_scheduler.LambdaLR(o, lambda k: 0.2 / (10.0 + 0.3 * (k + 1)))
+              for o in opts]
+    history = bilevel.fit(PROBLEM, solver, outer, inner, steps=300, progress=False,
+                          outer_optimizer=opts[0], inner_optimizer=opts[1],
+                          callback=lambda k, r: [s.step() for s in scheds] and None)
+    assert history.last["gamma"] == pytest.approx(10.0 + 0.3 * 299)
+    assert 0.005 < rel(outer["a"].detach(), ALPHA_STAR) < 0.02
+
+
 def test_the_penalized_minimizers_approach_the_bilevel_solution_like_one_over_the_penalty():
     errors = [rel(penalized_minimizer(lam)[0], ALPHA_STAR) for lam in (10.0, 100.0, 1000.0)]
     for big, small in zip(errors, errors[1:]):
