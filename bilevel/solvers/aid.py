@@ -75,8 +75,6 @@ class AID:
             copy_solution=self.inner_steps == 0,  # θ^(T) is already fresh storage when T > 0
             init=self._last.init_for(theta) if self.warm_start else None,
         )
-        if self.warm_start:
-            self._last.v = est.linear_solution
         scalars = dict(est.scalars)
         scalars["lower_loss_solution"] = scalars["lower_loss"]
         if first_grad is not None:
@@ -86,6 +84,8 @@ class AID:
         scalars["outer_grad_norm"] = tree.sq_norm_list(est.outer_grad).sqrt()
         scalars["inner_grad_norm"] = tree.sq_norm_list(first_grad).sqrt()
         info = objectives.finish(scalars)
+        if self.warm_start:  # only after the finiteness check: a failed step keeps no NaN v
+            self._last.v = est.linear_solution
         return StepResult(
             outer_grad=variables.outer_tree(est.outer_grad),
             inner_grad=variables.inner_tree(first_grad),

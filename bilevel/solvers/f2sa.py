@@ -92,8 +92,6 @@ class F2SA:
         d_y = grad(f_y + lam * g_y, alpha)
         d_z = grad(g_z, alpha)
         outer_grad = [a - lam * b for a, b in zip(d_y, d_z)]
-        if self.warm_start:
-            self._y.v = y
         info = objectives.finish({
             "lambda": lam,
             "upper_loss": f_y.detach(),
@@ -103,6 +101,9 @@ class F2SA:
             "outer_grad_norm": tree.sq_norm_list(outer_grad).sqrt(),
             "inner_grad_norm": tree.sq_norm_list(start.first_grad).sqrt(),
         })
+        # Kept only after the finiteness check passed: a failed step leaves no NaN behind.
+        if self.warm_start:
+            self._y.v = y
         self._k.k += 1
         return StepResult(
             outer_grad=variables.outer_tree(outer_grad),

@@ -76,7 +76,6 @@ class SOBA:
         hv = vjp(g_theta, alpha + theta, v, retain_graph=False)
         d_alpha = [fa + h for fa, h in zip(f_alpha, hv[: len(alpha)])]
         d_v = [h + ft for h, ft in zip(hv[len(alpha) :], f_theta)]
-        self._v.v = [vi - self.v_lr * dv for vi, dv in zip(v, d_v)]
         d_theta = [x.detach() for x in g_theta]
         info = objectives.finish({
             "upper_loss": f.detach(),
@@ -86,6 +85,8 @@ class SOBA:
             "v_residual_norm": tree.sq_norm_list(d_v).sqrt(),  # ‖∇²_θθ g v + ∇_θ f‖
             "v_norm": tree.sq_norm_list(v).sqrt(),
         })
+        # Kept only after the finiteness check passed: a failed step leaves no NaN behind.
+        self._v.v = [vi - self.v_lr * dv for vi, dv in zip(v, d_v)]
         return StepResult(
             outer_grad=variables.outer_tree(d_alpha),
             inner_grad=variables.inner_tree(d_theta),

@@ -316,3 +316,17 @@ def test_soba_names_the_objective_and_where_it_failed():
         run(bilevel.SOBA(0.1), problem(lower=g))
     with pytest.raises(FloatingPointError, match=r"SOBA.step: the upper objective .* \(inf\)"):
         run(bilevel.SOBA(0.1), problem(upper=lambda o, i, b: (i["t"] ** 2).sum() + float("inf")))
+
+
+@pytest.mark.parametrize(
+    "make", [lambda: bilevel.F2SA(3, 0.1), lambda: bilevel.SOBA(0.1),
+             lambda: bilevel.AID(3, 0.1, warm_start=True, linear_solver=_nan_solve)],
+    ids=["F2SA", "SOBA", "AID"],
+)
+def test_a_failed_step_leaves_no_non_finite_warm_start_behind(make):
+    solver = make()
+    bad = problem(upper=lambda o, i, b: ((i["t"] - 1) ** 2).sum() * float("nan"))
+    with pytest.raises(FloatingPointError):
+        run(solver, bad)
+    kept = [getattr(solver, name).v for name in ("_y", "_v", "_last") if hasattr(solver, name)]
+    assert kept == [None]  # nothing stored from the failed step
