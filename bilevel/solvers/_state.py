@@ -3,7 +3,8 @@
 The solvers are frozen dataclasses (hashable, comparable options); what must survive from
 one ``step`` to the next — a warm start, an outer-step counter for a schedule — lives in a
 small mutable holder in a field with ``init=False, compare=False``, so it never changes the
-solver's identity, and each solver has a ``reset_*`` method that forgets it.
+solver's identity, and each solver has a reset method that forgets it (``reset``,
+``reset_schedule``, ``reset_warm_start``).
 """
 
 from __future__ import annotations
