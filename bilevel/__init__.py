@@ -6,38 +6,51 @@ Public API::
 
     problem = bilevel.Problem(upper=f, lower=g)          # f, g: (outer, inner, batch) -> scalar
     bilevel.hypergrad(problem, outer, inner, upper_batch=..., lower_batch=...,
-                      method=bilevel.Unrolled(steps=T, lr=β) | bilevel.Implicit(bilevel.linalg.CG()),
+                      method=bilevel.Unrolled(inner_steps=T, inner_lr=β) | bilevel.Implicit(bilevel.linalg.CG())
+                             | bilevel.FiniteDifference(inner_lr=β),
                       return_info=False)
     bilevel.Implicit(linear_solver=solve)   # any solve(matvec, b, init=None) -> (x, info)
     solver = bilevel.BOME(10, 0.1) | bilevel.ITD(10, 0.1) | bilevel.AID(10, 0.1)
+           | bilevel.FD(1, 0.1) | bilevel.VPBGD(10, 0.1) | bilevel.F2SA(10, 0.1) | bilevel.SOBA(0.1)
+    bilevel.ITD(10, 0.1, inner_optimizer=bilevel.Adam())   # unroll Adam (or bilevel.SGD(momentum=0.9))
     result = solver.step(problem, outer, inner, upper_batch=..., lower_batch=...)
     bilevel.fit(problem, solver, outer, inner, steps=..., outer_optimizer=..., inner_optimizer=...)
 
 See docs/bilevel.md for the formulas, costs and a runnable example.
 """
 
-from . import linalg, tree
+from . import inner_optim, linalg, tree
+from ._finite_difference import FiniteDifference
 from ._hypergrad import Estimate, HypergradMethod, Implicit, Unrolled, hypergrad
+from .inner_optim import SGD, Adam
 from .loop import History, apply, fit
 from .problem import Problem
-from .solvers import AID, BOME, ITD, StepResult
+from .solvers import AID, BOME, F2SA, FD, ITD, SOBA, VPBGD, StepResult
 
 __version__ = "0.1.0"
 
 __all__ = [
     "AID",
+    "Adam",
     "BOME",
     "Estimate",
+    "F2SA",
+    "FD",
+    "FiniteDifference",
     "HypergradMethod",
     "ITD",
     "History",
     "Implicit",
     "Problem",
+    "SGD",
+    "SOBA",
     "StepResult",
     "Unrolled",
+    "VPBGD",
     "apply",
     "fit",
     "hypergrad",
+    "inner_optim",
     "linalg",
     "__version__",
     "tree",

@@ -3,15 +3,20 @@
 ``hypergrad(problem, outer, inner, upper_batch=..., lower_batch=..., method=...)`` returns a
 pytree shaped like ``outer``. ``method`` is
 
-* ``Unrolled(steps=T, lr=β, truncate=K)``: θ_0 = inner, θ_{t+1} = θ_t − β ∇_θ g(α, θ_t) and
+* ``Unrolled(inner_steps=T, inner_lr=β, truncate=K)``: θ_0 = inner, θ_{t+1} = θ_t − β ∇_θ g(α, θ_t) and
   dF/dα = d f(α, θ_T)/dα by reverse-mode through the last K steps (all T when K is None);
   the first T − K steps run without a graph, so memory is O(K · |θ|) instead of O(T · |θ|).
+  ``inner_optimizer=bilevel.SGD(momentum=...)`` or ``bilevel.Adam(...)`` unrolls that update
+  instead of plain gradient descent (:mod:`bilevel.inner_optim`).
 * ``Implicit(linear_solver=S)``: takes θ = inner as the lower-level solution and uses the
   implicit function theorem,
 
       dF/dα = ∇_α f − ∇²_{αθ} g · v,   where  ∇²_{θθ} g · v = ∇_θ f  is solved by S,
 
   S being any ``solve(matvec, b, init=None) -> (x, info)`` (see :mod:`bilevel.linalg`).
+* ``FiniteDifference(inner_lr=ξ, eps)`` (in ``_finite_difference``): DARTS' approximation of
+  the one-step unrolled hypergradient, the mixed Hessian-vector product replaced by a central
+  difference of ∇_α g;
 * any object with the :class:`HypergradMethod` ``estimate`` method.
 """
 
@@ -22,6 +27,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 
+from . import tree
 from ._autodiff import grad, leaf_aliases, vjp
 from ._checks import check_int, check_positive
 from ._internals import (
@@ -32,7 +38,8 @@ from ._internals import (
     flatten_variables,
     inner_gradient_steps,
 )
-from .linalg import CG, LinearSolve, LinearSolver, as_linear_solve
+from .inner_optim import SGD, InnerOptimizer, check_inner_optimizer, detach_state
+from .linalg import CG, LinearSolve, LinearSolver, as_linear_solve, solver_name, unpack_solution
 from .problem import Problem
 
 __all__ = ["Estimate", "HypergradMethod", "Implicit", "Unrolled", "hypergrad"]
@@ -52,43 +59,68 @@ class HypergradMethod(Protocol):
     ) -> Estimate: ...
 
 
+def check_truncate(owner: str, truncate: object, inner_steps: int) -> None:
+    """``truncate`` is None or an int in [1, inner_steps] (ValueError/TypeError naming ``owner``)."""
+    if truncate is None:
+        return
+    check_int(owner, "truncate", truncate, minimum=1)
+    if truncate > inner_steps:  # type: ignore[operator]
+        raise ValueError(
+            f"{owner}: truncate={truncate} exceeds inner_steps={inner_steps}; use "
+            "truncate=None to differentiate through every step"
+        )
+
+
 @dataclass(frozen=True)
 class Unrolled:
-    """Iterative differentiation through ``steps`` inner gradient steps of size ``lr``.
+    """Iterative differentiation through ``inner_steps`` inner gradient steps of size
+    ``inner_lr`` (the argument names of :class:`bilevel.ITD`).
 
     ``truncate=K`` back-propagates through the last K steps only (truncated BPTT;
     Shaban et al., 2019). Cost: T forward-backward passes of g, K of them with a graph
     (create_graph) and one extra backward through those K steps, plus one forward-backward
     of f. Memory: O(K · |θ|) activations of g.
+
+    ``inner_optimizer`` is the update that is unrolled: ``bilevel.SGD()`` (plain gradient
+    descent, the default), ``bilevel.SGD(momentum=μ, nesterov=...)`` or
+    ``bilevel.Adam(betas, eps)`` (:mod:`bilevel.inner_optim`: torch.optim's rules, written
+    differentiably; torchopt's MetaSGD/MetaAdam are the peers), with learning rate
+    ``inner_lr``. Its state (momentum buffer, Adam's moments) starts at zero at the given θ
+    and is part of the graph; with ``truncate=K`` the state reached after the first T − K
+    steps is a constant, like θ_{T−K}. Memory adds the state: one θ-sized buffer per step
+    for momentum, two for Adam.
     """
 
-    steps: int
-    lr: float
+    inner_steps: int
+    inner_lr: float
     truncate: int | None = None
+    inner_optimizer: InnerOptimizer = field(default_factory=SGD)
 
     def __post_init__(self) -> None:
-        check_int("Unrolled", "steps", self.steps, minimum=1)
-        check_positive("Unrolled", "lr", self.lr)
-        if self.truncate is not None:
-            check_int("Unrolled", "truncate", self.truncate, minimum=1)
-            if self.truncate > self.steps:
-                raise ValueError(
-                    f"Unrolled: truncate={self.truncate} exceeds steps={self.steps}; use "
-                    "truncate=None to differentiate through every step"
-                )
+        check_int("Unrolled", "inner_steps", self.inner_steps, minimum=1)
+        check_positive("Unrolled", "inner_lr", self.inner_lr)
+        check_truncate("Unrolled", self.truncate, self.inner_steps)
+        check_inner_optimizer("Unrolled", self.inner_optimizer)
 
     def estimate(
         self, objectives: CheckedObjectives, variables: FlatVariables, batches: Batches
     ) -> Estimate:
         """dF/dα through the unrolled steps; see the class docstring."""
-        T = self.steps
+        T = self.inner_steps
         K = T if self.truncate is None else self.truncate
         alpha = leaf_aliases(variables.outer)
         start = variables.replace(outer=alpha, inner=[x.detach() for x in variables.inner])
+        opt, lr = self.inner_optimizer, self.inner_lr
         # Steps outside the truncation window: no graph at all.
-        theta, first_grad, first_value = inner_gradient_steps(
-            objectives, start, batches.lower, steps=T - K, lr=self.lr, total=T
-        )
+        if opt.plain:
+            state = None
+            theta, first_grad, first_value = inner_gradient_steps(
+                objectives, start, batches.lower, steps=T - K, lr=lr, total=T
+            )
+        else:
+            theta, state, first_grad, first_value = _optimizer_steps(
+                objectives, start, batches.lower, opt, steps=T - K, lr=lr, total=T
+            )
         # Steps inside the window, with plain autograd.grad(create_graph=True): faster than
         # torch.func.grad of the whole loop (docs/performance.md, "Measured choices inside
         # bilevel/").
@@ -100,7 +132,7 @@ class Unrolled:
             gth = grad(g, theta, create_graph=True)
             if t == 0:
                 first_grad, first_value = [x.detach() for x in gth], g.detach()
-            theta = [th - self.lr * gr for th, gr in zip(theta, gth)]
+            theta, state = opt.step(theta, gth, state, lr)
         where = f"after {T} inner steps"
         f = objectives.upper(outer_tree, variables.inner_tree(theta), batches.upper, where)
         outer_grad = grad(f, alpha)  # frees the unrolled graph
@@ -111,6 +143,33 @@ class Unrolled:
             first_inner_grad=first_grad,
             scalars={"upper_loss": f.detach(), "lower_loss": first_value},
         )
+
+
+def _optimizer_steps(
+    objectives: CheckedObjectives,
+    variables: FlatVariables,
+    batch: Any,
+    opt: InnerOptimizer,
+    *,
+    steps: int,
+    lr: float,
+    total: int,
+) -> tuple[list[torch.Tensor], Any, list[torch.Tensor] | None, torch.Tensor | None]:
+    """``steps`` graph-free steps of a stateful inner optimizer from ``variables.inner``:
+    θ, the (detached) optimizer state, and the first step's gradient and value."""
+    outer = variables.outer_tree([a.detach() for a in variables.outer])
+    theta = [x.detach() for x in variables.inner]
+    state = opt.init(theta)
+    first_grad, first_value = None, None
+    for t in range(steps):
+        leaves = leaf_aliases(theta)
+        g = objectives.lower(outer, variables.inner_tree(leaves), batch, f"inner step {t + 1} of {total}")
+        gth = grad(g, leaves)
+        if t == 0:
+            first_grad, first_value = gth, g.detach()
+        with torch.no_grad():
+            theta, state = opt.step(theta, gth, state, lr)
+    return theta, detach_state(state), first_grad, first_value
 
 
 def _check_solution(x: Any, b: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -179,8 +238,13 @@ class Implicit:
             return vjp(gth, theta, v, retain_graph=True)
 
         solve = as_linear_solve(self.linear_solver, "Implicit")
-        v, solve_info = solve(hvp, f_theta, init)
+        v, solve_info = unpack_solution(solve(hvp, f_theta, init), solve, "Implicit")
         v = _check_solution(v, f_theta)
+        # A NaN or inf in v (a user's solver that does not check, as the shipped ones do)
+        # is refused at the step's single finiteness check, naming the solver.
+        objectives.record_finite(
+            tree.sq_norm_list(v), f"the linear solver {solver_name(solve)} (‖x‖² of its solution)"
+        )
         mixed = vjp(gth, alpha, v, retain_graph=False)  # ∇²_{αθ} g · v; frees the graph
         scalars: dict[str, torch.Tensor | float] = {"upper_loss": f.detach(), "lower_loss": g.detach()}
         scalars.update({f"solver_{k}": val for k, val in dict(solve_info).items()})
@@ -219,7 +283,8 @@ def hypergrad(
         inner: pytree of floating tensors θ: the starting point for ``Unrolled``, the
             (approximate) lower-level solution for ``Implicit``.
         upper_batch, lower_batch: passed unchanged to f and g.
-        method: ``Unrolled(...)``, ``Implicit(...)`` or any :class:`HypergradMethod`.
+        method: ``Unrolled(...)``, ``Implicit(...)``, ``FiniteDifference(...)`` or any
+            :class:`HypergradMethod`.
         return_info: also return the diagnostics (docs/bilevel.md lists the keys).
 
     Returns:
@@ -231,7 +296,8 @@ def hypergrad(
     """
     if not isinstance(method, HypergradMethod):
         raise TypeError(
-            "hypergrad: method must be bilevel.Unrolled or bilevel.Implicit (or an object with "
+            "hypergrad: method must be bilevel.Unrolled, bilevel.Implicit or "
+            "bilevel.FiniteDifference (or an object with "
             f"estimate(objectives, variables, batches) -> Estimate), got {type(method).__name__}"
         )
     objectives = CheckedObjectives(problem, f"hypergrad({type(method).__name__})")

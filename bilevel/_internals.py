@@ -6,7 +6,8 @@
   walk a tree;
 * :class:`Batches` bundles the two batches; :class:`Estimate` is what a hypergradient
   method returns;
-* :func:`inner_gradient_steps` runs graph-free gradient steps on g.
+* :func:`inner_gradient_steps` runs graph-free gradient steps on g; :func:`start_step`
+  is how a solver's ``step`` begins (checks, flat variables, those steps).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ __all__ = [
     "FlatVariables",
     "flatten_variables",
     "inner_gradient_steps",
+    "start_step",
 ]
 
 
@@ -136,6 +138,12 @@ class CheckedObjectives:
         self._labels.append(f"the {which} objective ({where})")
         return value
 
+    def record_finite(self, value: torch.Tensor, label: str) -> None:
+        """Add a 0-dim ``value`` to the deferred finiteness check; ``label`` says what
+        produced it ("the linear solver CG (its solution x)")."""
+        self._values.append(value.detach().reshape(()))
+        self._labels.append(label)
+
     def upper(self, outer: Any, inner: Any, batch: Any, where: str) -> torch.Tensor:
         return self._record(self.problem.upper(outer, inner, batch), "upper", where)
 
@@ -216,3 +224,30 @@ def inner_gradient_steps(
         with torch.no_grad():
             theta = torch._foreach_add(theta, gth, alpha=-lr)
     return [x.detach() for x in theta], first_grad, first_value
+
+
+@dataclass(frozen=True)
+class StepStart:
+    """What a solver's ``step`` begins with: the checked objectives, the flat variables, and
+    θ after the graph-free inner steps with the first step's gradient and value (None when
+    no step ran)."""
+
+    objectives: CheckedObjectives
+    variables: FlatVariables
+    theta: list[torch.Tensor]
+    first_grad: list[torch.Tensor] | None
+    first_value: torch.Tensor | None
+
+
+def start_step(
+    owner: str, problem: Problem, outer: Any, inner: Any, lower_batch: Any, *,
+    steps: int, lr: float, total: int | None = None,
+) -> StepStart:
+    """Check the problem and variables for ``owner`` and run ``steps`` graph-free inner
+    gradient steps of size ``lr`` from ``inner`` (:func:`inner_gradient_steps`)."""
+    objectives = CheckedObjectives(problem, owner)
+    variables = flatten_variables(owner, outer, inner)
+    theta, first_grad, first_value = inner_gradient_steps(
+        objectives, variables, lower_batch, steps=steps, lr=lr, total=total
+    )
+    return StepStart(objectives, variables, theta, first_grad, first_value)

@@ -1,7 +1,7 @@
 """Linear solvers for A x = b where A is only available as a matrix-vector product.
 
 The protocol (what ``Implicit(linear_solver=...)`` and ``AID(linear_solver=...)`` accept)
-is the one of jaxopt and torchopt: any callable
+is any callable
 
     solve(matvec, b, init=None) -> (x, info)
 
@@ -12,6 +12,12 @@ for x (None: start from 0; a solver is free to ignore it) and ``info`` is a dict
 floats or 0-dim tensors (diagnostics; ``hypergrad(..., return_info=True)`` and the AID
 solver report them as ``solver_<key>``). In implicit differentiation A is the lower-level
 Hessian ∇²_θθ g (symmetric, positive definite near a strict minimum) and b = ∇_θ f.
+
+The call signature is jaxopt's (``jaxopt.linear_solve.solve_cg(matvec, b, ridge=None,
+init=None)``), but jaxopt's and torchopt's linear solves return ``x`` alone, not
+``(x, info)``; :func:`returns_x_only` adapts such a callable (``info`` is then empty), and a
+solver that returns anything but a ``(x, info)`` pair is refused with a ``TypeError`` naming
+this protocol and the adapter.
 
 The shipped solvers are frozen dataclasses with checked options; ``solver.solve`` is the
 protocol callable, and ``solve_cg(**options)`` etc. return it (an unknown option is a
@@ -38,7 +44,7 @@ from __future__ import annotations
 import inspect
 import math
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any, Protocol
 
@@ -55,6 +61,7 @@ __all__ = [
     "LinearSolver",
     "Neumann",
     "as_linear_solve",
+    "returns_x_only",
     "solve_cg",
     "solve_dense",
     "solve_fixed_point",
@@ -166,6 +173,66 @@ def as_linear_solve(solver: object, owner: str) -> LinearSolve:
     except ValueError:  # no signature available (some builtins): trust the caller
         pass
     return solver  # type: ignore[return-value]
+
+
+def returns_x_only(fn: Callable[..., Any]) -> LinearSolve:
+    """Adapt a linear solve that returns ``x`` alone (jaxopt's and torchopt's convention) to
+    this module's ``(x, info)`` protocol, with an empty ``info``.
+
+    ``fn(matvec, b, init=...)`` is called with ``init`` only when its signature accepts an
+    ``init`` argument (torchopt's solves take ``(matvec, b)`` only; jaxopt's take ``init``).
+    ``b`` and ``x`` are lists of tensors, as everywhere in this module::
+
+        Implicit(linear_solver=bilevel.linalg.returns_x_only(my_cg))
+    """
+    if not callable(fn):
+        raise TypeError(f"returns_x_only: fn must be callable, got {type(fn).__name__}")
+    try:
+        params = inspect.signature(fn).parameters
+        takes_init = "init" in params or any(
+            p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()
+        )
+    except (TypeError, ValueError):  # no signature available: do not pass init
+        takes_init = False
+    name = getattr(fn, "__qualname__", type(fn).__name__)
+
+    def solve(
+        matvec: ListMatvec, b: list[torch.Tensor], init: list[torch.Tensor] | None = None
+    ) -> tuple[list[torch.Tensor], Info]:
+        x = fn(matvec, b, init=init) if takes_init else fn(matvec, b)
+        return x, {}
+
+    solve.__qualname__ = f"returns_x_only({name})"
+    return solve
+
+
+def solver_name(solver: object) -> str:
+    """A readable name for a linear solver in error messages (``CG``, ``my_solve``)."""
+    owner = getattr(solver, "__self__", None)  # a bound method such as CG(...).solve
+    if isinstance(owner, LinearSolver):
+        return type(owner).__name__
+    if isinstance(solver, LinearSolver):
+        return type(solver).__name__
+    return getattr(solver, "__qualname__", None) or type(solver).__name__
+
+
+def unpack_solution(result: object, solver: object, owner: str) -> tuple[Any, dict[str, Any]]:
+    """Split a linear solver's return value into ``(x, info)``, or raise ``TypeError``
+    naming the protocol: a solver returning ``x`` alone (a list of two tensors unpacks as
+    a pair too) would otherwise fail with "not enough values to unpack" or, worse, run on
+    with x's second leaf taken as ``info``."""
+    if (
+        isinstance(result, tuple)
+        and len(result) == 2
+        and isinstance(result[1], Mapping)
+    ):
+        return result[0], dict(result[1])
+    raise TypeError(
+        f"{owner}: the linear solver {solver_name(solver)} returned "
+        f"{type(result).__name__}, not a tuple (x, info) with info a dict; the protocol is "
+        "solve(matvec, b, init=None) -> (x, info). A solver that returns x alone (jaxopt, "
+        "torchopt) works through bilevel.linalg.returns_x_only(solve)"
+    )
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ NOTES = {"first_order": "no first-order hypergradient (BOME returns a joint (α,
 def build(p: BenchProblem, method: str, steps: int, lr: float) -> Run | None:
     """``bilevel.hypergrad`` configured for ``method``; tol=0 makes CG run exactly ``steps``."""
     if method == "unrolled":
-        how: bilevel.Unrolled | bilevel.Implicit = bilevel.Unrolled(steps=steps, lr=lr)
+        how: bilevel.Unrolled | bilevel.Implicit = bilevel.Unrolled(inner_steps=steps, inner_lr=lr)
     elif method == "implicit_cg":
         how = bilevel.Implicit(bilevel.linalg.CG(maxiter=steps, tol=0.0))
     elif method == "implicit_neumann":

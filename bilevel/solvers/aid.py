@@ -5,37 +5,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
-
 from .. import tree
 from .._checks import check_int, check_positive
 from .._hypergrad import Implicit
-from .._internals import Batches, CheckedObjectives, flatten_variables, inner_gradient_steps
+from .._internals import Batches, start_step
 from ..linalg import CG, LinearSolve, LinearSolver
 from ..problem import Problem
+from ._state import WarmStart
 from .base import StepResult
 
 __all__ = ["AID"]
-
-
-class _LastSolution:
-    """The previous step's linear-system solution v, offered as the next solve's ``init``.
-
-    Only reused when it matches the new right-hand side leaf for leaf (shape, dtype,
-    device): a step on other inner variables starts from 0 again.
-    """
-
-    def __init__(self) -> None:
-        self.v: list[torch.Tensor] | None = None
-
-    def init_for(self, variables_inner: list[torch.Tensor]) -> list[torch.Tensor] | None:
-        v = self.v
-        if v is None or len(v) != len(variables_inner):
-            return None
-        for a, b in zip(v, variables_inner):
-            if a.shape != b.shape or a.dtype != b.dtype or a.device != b.device:
-                return None
-        return v
 
 
 @dataclass(frozen=True)
@@ -44,7 +23,9 @@ class AID:
     at θ^(T):  dF/dα = ∇_α f − ∇²_{αθ} g · v,  ∇²_{θθ} g · v = ∇_θ f  (``linear_solver``).
 
     ``inner_grad`` is ∇_θ g(α, θ) at the current θ (the first inner step's gradient), and
-    ``inner_solution`` is θ^(T). With ``inner_steps=0`` the current θ is taken as the solution.
+    ``inner_solution`` is θ^(T). With ``inner_steps=0`` the current θ is taken as the solution
+    (meaningful, so accepted: θ solved elsewhere, or kept near θ* by the inner optimizer's
+    one step per outer step; ``inner_lr`` is then unused).
 
     ``warm_start=True`` passes the previous step's v as ``init`` to the linear solver (CG,
     FixedPoint: fewer iterations when α and θ move little between outer steps; Neumann:
@@ -62,8 +43,8 @@ class AID:
     inner_lr: float
     linear_solver: LinearSolver | LinearSolve = field(default_factory=CG)
     warm_start: bool = False
-    _last: _LastSolution = field(
-        default_factory=_LastSolution, init=False, repr=False, compare=False
+    _last: WarmStart = field(
+        default_factory=WarmStart, init=False, repr=False, compare=False
     )
 
     def __post_init__(self) -> None:
@@ -81,11 +62,11 @@ class AID:
         self, problem: Problem, outer: Any, inner: Any, *, upper_batch: Any, lower_batch: Any
     ) -> StepResult:
         """One outer step; see the class docstring."""
-        objectives = CheckedObjectives(problem, "AID.step")
-        variables = flatten_variables("AID.step", outer, inner)
-        theta, first_grad, first_value = inner_gradient_steps(
-            objectives, variables, lower_batch, steps=self.inner_steps, lr=self.inner_lr
+        start = start_step(
+            "AID.step", problem, outer, inner, lower_batch, steps=self.inner_steps, lr=self.inner_lr
         )
+        objectives, variables = start.objectives, start.variables
+        theta, first_grad, first_value = start.theta, start.first_grad, start.first_value
         est = Implicit(self.linear_solver).estimate(
             objectives,
             variables.replace(inner=theta),
@@ -94,8 +75,6 @@ class AID:
             copy_solution=self.inner_steps == 0,  # θ^(T) is already fresh storage when T > 0
             init=self._last.init_for(theta) if self.warm_start else None,
         )
-        if self.warm_start:
-            self._last.v = est.linear_solution
         scalars = dict(est.scalars)
         scalars["lower_loss_solution"] = scalars["lower_loss"]
         if first_grad is not None:
@@ -105,6 +84,8 @@ class AID:
         scalars["outer_grad_norm"] = tree.sq_norm_list(est.outer_grad).sqrt()
         scalars["inner_grad_norm"] = tree.sq_norm_list(first_grad).sqrt()
         info = objectives.finish(scalars)
+        if self.warm_start:  # only after the finiteness check: a failed step keeps no NaN v
+            self._last.v = est.linear_solution
         return StepResult(
             outer_grad=variables.outer_tree(est.outer_grad),
             inner_grad=variables.inner_tree(first_grad),

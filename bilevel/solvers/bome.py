@@ -16,15 +16,10 @@ from typing import Any
 import torch
 
 from .. import tree
-from .._autodiff import grad, leaf_aliases
 from .._checks import check_int, check_nonnegative, check_positive
-from .._internals import (
-    CheckedObjectives,
-    FlatVariables,
-    flatten_variables,
-    inner_gradient_steps,
-)
+from .._internals import Batches
 from ..problem import Problem
+from ._value_function import penalty_point
 from .base import StepResult
 
 __all__ = ["BOME"]
@@ -74,20 +69,12 @@ class BOME:
         self, problem: Problem, outer: Any, inner: Any, *, upper_batch: Any, lower_batch: Any
     ) -> StepResult:
         """One BOME step at (outer, inner); see the class docstring."""
-        objectives = CheckedObjectives(problem, "BOME.step")
-        variables = flatten_variables("BOME.step", outer, inner)
-        point = variables.replace(
-            outer=leaf_aliases(variables.outer), inner=leaf_aliases(variables.inner)
+        at = penalty_point(
+            "BOME.step", problem, outer, inner, Batches(upper=upper_batch, lower=lower_batch),
+            self.inner_steps, self.inner_lr,
         )
-        low = self._lower_terms(objectives, point, lower_batch)
-        f = objectives.upper(
-            point.outer_tree(), point.inner_tree(), upper_batch, "at the current (α, θ)"
-        )
-        df = grad(f, point.outer + point.inner)
-
-        dq = [a0 - aT for a0, aT in zip(low.grad_alpha, low.grad_alpha_at_solution)]
-        dq += low.grad_theta
-        q = low.value.detach() - low.value_at_solution.detach()
+        low, f, df = at.low, at.f, at.df
+        dq, q = low.gap_grad(), low.gap()
         dq_sq = tree.sq_norm_list(dq)
         df_dq = tree.dot_list(df, dq)
         phi = self.eta * dq_sq if self.phi == "grad_norm" else self.c * q
@@ -95,7 +82,7 @@ class BOME:
         lam = torch.clamp((phi - df_dq) / (dq_sq + self.eps), min=0.0)
         # λ is float32 for half-precision leaves (see tree.dot_list); keep each leaf's dtype.
         direction = [a + lam.to(b.dtype) * b for a, b in zip(df, dq)]
-        info = objectives.finish(
+        info = at.objectives.finish(
             {
                 "lambda": lam,
                 "q": q,
@@ -106,63 +93,11 @@ class BOME:
                 "upper_grad_norm": tree.sq_norm_list(df).sqrt(),
                 "q_grad_norm": dq_sq.sqrt(),
                 "upper_q_dot": df_dq,
-                **_block_products(df, dq, len(point.outer)),
+                **_block_products(df, dq, len(at.variables.outer)),
             }
         )
         _add_cosines(info)
-        na = len(point.outer)
-        return StepResult(
-            outer_grad=variables.outer_tree(direction[:na]),
-            inner_grad=variables.inner_tree(direction[na:]),
-            info=info,
-            inner_solution=variables.inner_tree(low.solution),
-        )
-
-    def _lower_terms(
-        self, objectives: CheckedObjectives, point: FlatVariables, lower_batch: Any
-    ) -> _LowerTerms:
-        """g and ∇g at the current point, θ^(T), and g and ∇_α g at θ^(T)."""
-        T = self.inner_steps
-        alpha, theta = point.outer, point.inner
-        # Inner step 1, differentiated jointly: ∇g(α, θ) for q̂ at no extra pass.
-        g0 = objectives.lower(
-            point.outer_tree(), point.inner_tree(), lower_batch, f"inner step 1 of {T}"
-        )
-        dg0 = grad(g0, alpha + theta)
-        g_alpha0, g_theta0 = dg0[: len(alpha)], dg0[len(alpha) :]
-        with torch.no_grad():
-            theta_hat = torch._foreach_add(
-                [x.detach() for x in theta], g_theta0, alpha=-self.inner_lr
-            )
-        theta_T, _, _ = inner_gradient_steps(
-            objectives,
-            point.replace(inner=theta_hat),
-            lower_batch,
-            steps=T - 1,
-            lr=self.inner_lr,
-            first=1,
-            total=T,
-        )
-        # ∇_α g(α, θ^(T)) with θ^(T) detached: autograd only runs the ops that touch α.
-        g_T = objectives.lower(
-            point.outer_tree(),
-            point.inner_tree(theta_T),
-            lower_batch,
-            f"at θ^(T) after {T} inner steps",
-        )
-        return _LowerTerms(g0, g_alpha0, g_theta0, theta_T, g_T, grad(g_T, alpha))
-
-
-@dataclass(frozen=True)
-class _LowerTerms:
-    """What BOME needs from the lower level (flat leaf lists)."""
-
-    value: torch.Tensor  # g(α, θ)
-    grad_alpha: list[torch.Tensor]  # ∇_α g(α, θ)
-    grad_theta: list[torch.Tensor]  # ∇_θ g(α, θ)
-    solution: list[torch.Tensor]  # θ^(T), detached
-    value_at_solution: torch.Tensor  # g(α, θ^(T))
-    grad_alpha_at_solution: list[torch.Tensor]  # ∇_α g(α, θ^(T))
+        return at.result(direction, info)
 
 
 def _block_products(

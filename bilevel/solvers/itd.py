@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from .. import tree
 from .._checks import check_int, check_positive
-from .._hypergrad import Unrolled
+from .._hypergrad import Unrolled, check_truncate
 from .._internals import Batches, CheckedObjectives, flatten_variables
+from ..inner_optim import SGD, InnerOptimizer, check_inner_optimizer
 from ..problem import Problem
 from .base import StepResult
 
@@ -24,6 +25,11 @@ class ITD:
     gradient: one warm-started inner step per outer step, at no extra cost) and
     ``inner_solution`` = θ^(T).
 
+    ``inner_optimizer`` (``bilevel.SGD(momentum=...)``, ``bilevel.Adam(...)``; default plain
+    gradient descent) is the update unrolled with learning rate ``inner_lr`` (see
+    :class:`bilevel.Unrolled`); it is not the torch optimizer that ``bilevel.fit`` applies
+    ``inner_grad`` with.
+
     Cost per step: T forward-backward passes of g with ``create_graph`` (K with
     ``truncate=K``), one backward through them, one forward-backward of f.
     Memory: O(K · activations of g).
@@ -32,12 +38,13 @@ class ITD:
     inner_steps: int
     inner_lr: float
     truncate: int | None = None
+    inner_optimizer: InnerOptimizer = field(default_factory=SGD)
 
     def __post_init__(self) -> None:
         check_int("ITD", "inner_steps", self.inner_steps, minimum=1)
         check_positive("ITD", "inner_lr", self.inner_lr)
-        # Reuse Unrolled's validation of truncate.
-        Unrolled(self.inner_steps, self.inner_lr, self.truncate)
+        check_truncate("ITD", self.truncate, self.inner_steps)
+        check_inner_optimizer("ITD", self.inner_optimizer)
 
     def step(
         self, problem: Problem, outer: Any, inner: Any, *, upper_batch: Any, lower_batch: Any
@@ -45,7 +52,7 @@ class ITD:
         """One outer step; see the class docstring."""
         objectives = CheckedObjectives(problem, "ITD.step")
         variables = flatten_variables("ITD.step", outer, inner)
-        method = Unrolled(self.inner_steps, self.inner_lr, self.truncate)
+        method = Unrolled(self.inner_steps, self.inner_lr, self.truncate, self.inner_optimizer)
         est = method.estimate(objectives, variables, Batches(upper=upper_batch, lower=lower_batch))
         scalars = dict(est.scalars)
         scalars["outer_grad_norm"] = tree.sq_norm_list(est.outer_grad).sqrt()

@@ -13,7 +13,9 @@ def test_doc_example_runs(capsys):
     assert len(blocks) == 1
     exec(compile(blocks[0], "docs/bilevel.md", "exec"), {"__name__": "__doc_example__"})
     out = capsys.readouterr().out
-    for name in ("BOME", "BOME value_gap", "ITD", "ITD truncated", "AID", "Unrolled truncated"):
+    names = ("BOME", "BOME value_gap", "ITD", "ITD truncated", "AID", "Unrolled truncated",
+             "ITD Adam", "FD", "V-PBGD", "F2SA", "SOBA", "FiniteDifference")
+    for name in names:
         assert f"{name}: validation loss" in out or f"{name} tensor" in out, name
     for solver in ("CG", "Neumann", "FixedPoint", "Dense"):
         assert f"Implicit {solver} tensor" in out, solver

@@ -27,6 +27,9 @@ ALL = [
     bilevel.ITD(5, 0.1),
     bilevel.ITD(5, 0.1, truncate=2),
     bilevel.AID(5, 0.1),
+    bilevel.FD(5, 0.1),
+    bilevel.VPBGD(5, 0.1),
+    bilevel.F2SA(5, 0.1),
 ]
 
 
@@ -106,14 +109,14 @@ def test_hypergrad_reports_non_finite_values_too():
         (lambda: bilevel.BOME(3, 0.1, eps=0.0), "BOME: eps must be a finite number > 0"),
         (lambda: bilevel.ITD(0, 0.1), "ITD: inner_steps must be >= 1"),
         (lambda: bilevel.ITD(3, float("inf")), "ITD: inner_lr must be a finite number > 0"),
-        (lambda: bilevel.ITD(3, 0.1, truncate=4), "truncate=4 exceeds steps=3"),
+        (lambda: bilevel.ITD(3, 0.1, truncate=4), "ITD: truncate=4 exceeds inner_steps=3"),
         (lambda: bilevel.ITD(3, 0.1, truncate=0), "truncate must be >= 1"),
         (lambda: bilevel.AID(-1, 0.1), "AID: inner_steps must be >= 0"),
         (
             lambda: bilevel.AID(3, 0.1, linear_solver="cg"),
             "linear_solver must be a bilevel.linalg solver",
         ),
-        (lambda: bilevel.Unrolled(steps=-2, lr=0.1), "Unrolled: steps must be >= 1"),
+        (lambda: bilevel.Unrolled(inner_steps=-2, inner_lr=0.1), "Unrolled: inner_steps must be >= 1"),
         (
             lambda: bilevel.Implicit(linear_solver=None),
             "linear_solver must be a bilevel.linalg solver",
@@ -128,7 +131,7 @@ def test_bad_configuration_fails_at_construction(make, match):
 
 def test_bad_inputs():
     prob = problem()
-    with pytest.raises(TypeError, match="method must be bilevel.Unrolled or bilevel.Implicit"):
+    with pytest.raises(TypeError, match="method must be bilevel.Unrolled, bilevel.Implicit or "):
         bilevel.hypergrad(
             prob, OUTER, INNER, upper_batch=None, lower_batch=None, method=linalg.CG()
         )
@@ -238,3 +241,92 @@ def test_fit_refuses_optimizers_that_hold_none_of_the_given_tensors():
     bilevel.fit(problem(), bilevel.BOME(2, 0.1), outer, inner, steps=2, progress=False,
                 outer_optimizer=None, inner_optimizer=torch.optim.SGD([extra, inner["t"]], lr=0.1))
     assert inner["t"].abs().sum() > 0
+
+
+# -- user linear solvers that break the (x, info) protocol ------------------------------------------
+def _nan_solve(matvec, b, init=None):
+    return [torch.full_like(t, float("nan")) for t in b], {}
+
+
+def _x_only(matvec, b, init=None):  # jaxopt's and torchopt's convention: x alone
+    return linalg.CG(tol=1e-14).solve(matvec, b, init)[0]
+
+
+def _torchopt_style(matvec, b):  # torchopt's solves take no init at all
+    return linalg.CG(tol=1e-14).solve(matvec, b)[0]
+
+
+@pytest.mark.parametrize("where", ["hypergrad", "AID"])
+def test_a_linear_solver_returning_nan_raises_naming_the_solver(where):
+    msg = r"the linear solver _nan_solve \(‖x‖² of its solution\) returned a non-finite value \(nan\)"
+    with pytest.raises(FloatingPointError, match=msg):
+        if where == "AID":
+            run(bilevel.AID(2, 0.1, linear_solver=_nan_solve), problem())
+        else:
+            bilevel.hypergrad(problem(), OUTER, INNER, upper_batch=None, lower_batch=None,
+                              method=bilevel.Implicit(_nan_solve))
+
+
+def test_a_linear_solver_returning_x_alone_is_a_type_error_naming_protocol_and_adapter():
+    # two leaves: x alone would even unpack as a pair (x₀ taken as x, x₁ as info) without the check
+    inner = {"t": torch.zeros(3, dtype=F64), "u": torch.zeros(2, dtype=F64)}
+    with pytest.raises(TypeError) as e:
+        run(bilevel.AID(2, 0.1, linear_solver=_x_only), problem(), OUTER, inner)
+    msg = str(e.value)
+    assert "the linear solver _x_only returned list, not a tuple (x, info)" in msg
+    assert "solve(matvec, b, init=None) -> (x, info)" in msg
+    assert "bilevel.linalg.returns_x_only(solve)" in msg
+
+
+@pytest.mark.parametrize("fn", [_x_only, _torchopt_style])
+def test_returns_x_only_adapts_x_alone_solvers_to_the_same_hypergradient(fn):
+    args = dict(upper_batch=None, lower_batch=None)
+    theta = {"t": torch.tensor([0.3, -0.2, 0.9], dtype=F64)}
+    oracle = bilevel.hypergrad(problem(), OUTER, theta, method=bilevel.Implicit(linalg.Dense()), **args)
+    mine, info = bilevel.hypergrad(problem(), OUTER, theta, return_info=True,
+                                   method=bilevel.Implicit(linalg.returns_x_only(fn)), **args)
+    assert torch.allclose(mine["a"], oracle["a"], rtol=1e-12)
+    assert not any(k.startswith("solver_") for k in info)  # the adapter's info is empty
+    # warm-started AID passes init only to a solve that takes it
+    aid = bilevel.AID(0, 0.1, linear_solver=linalg.returns_x_only(fn), warm_start=True)
+    for _ in range(2):
+        assert torch.allclose(run(aid, problem(), OUTER, theta).outer_grad["a"], oracle["a"], rtol=1e-12)
+    with pytest.raises(TypeError, match="returns_x_only: fn must be callable, got int"):
+        linalg.returns_x_only(3)
+
+
+def test_aid_with_zero_inner_steps_is_implicit_differentiation_at_the_current_theta():
+    # inner_steps=0 is meaningful (θ is the lower-level solution, e.g. solved outside or
+    # kept near it by the inner optimizer), so it is accepted; inner_lr is then unused.
+    theta = {"t": torch.tensor([0.3, -0.2, 0.9], dtype=F64)}
+    r = run(bilevel.AID(0, 0.1, linear_solver=linalg.Dense()), problem(), OUTER, theta)
+    h = bilevel.hypergrad(problem(), OUTER, theta, upper_batch=None, lower_batch=None,
+                          method=bilevel.Implicit(linalg.Dense()))
+    assert torch.equal(r.outer_grad["a"], h["a"])
+    assert torch.equal(r.inner_solution["t"], theta["t"])
+
+
+def test_soba_names_the_objective_and_where_it_failed():
+    # single loop: no inner steps to number, every call is at the current (α, θ)
+    def g(o, i, b):
+        return 0.5 * i["t"] ** 2
+
+    with pytest.raises(ValueError, match=r"SOBA.step: the lower objective must return a scalar .*"
+                                         r"\(at the current \(α, θ\)\)"):
+        run(bilevel.SOBA(0.1), problem(lower=g))
+    with pytest.raises(FloatingPointError, match=r"SOBA.step: the upper objective .* \(inf\)"):
+        run(bilevel.SOBA(0.1), problem(upper=lambda o, i, b: (i["t"] ** 2).sum() + float("inf")))
+
+
+@pytest.mark.parametrize(
+    "make", [lambda: bilevel.F2SA(3, 0.1), lambda: bilevel.SOBA(0.1),
+             lambda: bilevel.AID(3, 0.1, warm_start=True, linear_solver=_nan_solve)],
+    ids=["F2SA", "SOBA", "AID"],
+)
+def test_a_failed_step_leaves_no_non_finite_warm_start_behind(make):
+    solver = make()
+    bad = problem(upper=lambda o, i, b: ((i["t"] - 1) ** 2).sum() * float("nan"))
+    with pytest.raises(FloatingPointError):
+        run(solver, bad)
+    kept = [getattr(solver, name).v for name in ("_y", "_v", "_last") if hasattr(solver, name)]
+    assert kept == [None]  # nothing stored from the failed step

@@ -112,7 +112,7 @@ def test_unrolled_matches_its_finite_T_closed_form_with_and_without_truncation(p
             {"theta": theta0},
             upper_batch=None,
             lower_batch=None,
-            method=bilevel.Unrolled(steps=T, lr=beta, truncate=trunc),
+            method=bilevel.Unrolled(inner_steps=T, inner_lr=beta, truncate=trunc),
         )
         assert relerr(h["a"], expected) < 1e-9
 
@@ -136,7 +136,7 @@ def test_errors_shrink_as_iterations_grow():
         for k in (10, 100, 1000)
     ]
     unrolled = [
-        err(bilevel.Unrolled(steps=k, lr=lr), torch.zeros(6, dtype=F64)) for k in (10, 100, 1000)
+        err(bilevel.Unrolled(inner_steps=k, inner_lr=lr), torch.zeros(6, dtype=F64)) for k in (10, 100, 1000)
     ]
     for name, errs in {
         "CG": cg,
@@ -198,7 +198,7 @@ def test_ridge_with_learned_regularization(n, d, seed, per_feature):
         w_star,
         upper_batch=val,
         lower_batch=train,
-        method=bilevel.Unrolled(steps=400, lr=1.0 / lmax),
+        method=bilevel.Unrolled(inner_steps=400, inner_lr=1.0 / lmax),
     )
     lmin = float(torch.linalg.eigvalsh(H)[0])
     bound = (1 - lmin / lmax) ** 400
@@ -267,7 +267,7 @@ def test_logistic_regression_weight_decay_vs_dense_and_finite_differences(seed):
         problem,
         {"log_wd": log_wd},
         {"w": w_star},
-        method=bilevel.Unrolled(steps=300, lr=1.0),
+        method=bilevel.Unrolled(inner_steps=300, inner_lr=1.0),
         **args,
     )["log_wd"]
     assert torch.allclose(unrolled, dense, rtol=1e-6, atol=1e-9)

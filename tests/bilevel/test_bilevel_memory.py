@@ -1,6 +1,7 @@
 """No autograd graph survives a solver step, and memory does not grow across outer steps
 (torchopt #218, higher #6/#37/#138: unrolled optimizers that leak graphs across steps)."""
 
+import dataclasses
 import gc
 import weakref
 
@@ -57,6 +58,11 @@ SOLVERS = [
     bilevel.ITD(10, 0.1, truncate=3),
     bilevel.AID(5, 0.1, linear_solver=linalg.Neumann(steps=5, lr=0.1)),
     bilevel.BOME(5, 0.1),
+    bilevel.ITD(5, 0.1, truncate=3, inner_optimizer=bilevel.Adam(eps_root=1e-12)),
+    bilevel.FD(3, 0.1),
+    bilevel.VPBGD(5, 0.1),
+    bilevel.F2SA(3, 0.1),
+    bilevel.SOBA(0.1),
 ]
 
 
@@ -67,11 +73,16 @@ def test_no_saved_tensor_outlives_a_step(solver):
     with tracker:
         result = solver.step(problem, outer, inner, upper_batch=None, lower_batch=None)
     gc.collect()
-    returned = bilevel.tree.leaves((result.outer_grad, result.inner_grad, result.inner_solution))
+    parts = (result.outer_grad, result.inner_grad, result.inner_solution)
+    returned = bilevel.tree.leaves(tuple(x for x in parts if x is not None))
+    # F2SA's y and SOBA's v are kept by the instance on purpose (their warm starts)
+    kept = [getattr(solver, f.name).v for f in dataclasses.fields(solver)
+            if not f.init and getattr(getattr(solver, f.name), "v", None) is not None]
     survivors = [r() for r in tracker.refs if r() is not None]
     assert len(tracker.refs) > 100  # the tracker did see the step's work
-    # Only the returned tensors outlive the step: every graph built inside has been freed.
-    assert {id(t) for t in survivors} == {id(t) for t in returned}
+    # Only the returned tensors (and the warm starts) outlive the step: every graph built
+    # inside has been freed.
+    assert {id(t) for t in survivors} == {id(t) for t in returned + bilevel.tree.leaves(kept)}
     for t in returned:
         assert not t.requires_grad and t.grad_fn is None
 

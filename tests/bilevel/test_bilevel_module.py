@@ -64,6 +64,10 @@ SOLVERS = [
     bilevel.ITD(5, 0.2, truncate=2),
     bilevel.AID(5, 0.2, linear_solver=linalg.CG(maxiter=30, tol=1e-12)),
     bilevel.AID(5, 0.2, linear_solver=linalg.Dense()),
+    bilevel.ITD(5, 0.2, inner_optimizer=bilevel.SGD(momentum=0.9)),
+    bilevel.FD(3, 0.2),
+    bilevel.VPBGD(5, 0.2),
+    bilevel.F2SA(3, 0.2, warm_start=False),  # called twice below: no state between the calls
 ]
 
 
