@@ -42,12 +42,26 @@ class Setup:
 
 
 def parse_args(description: str, argv: Sequence[str] | None) -> argparse.Namespace:
-    """``--quick`` (the tests' size), ``--out DIR``, ``--seed N``."""
+    """``--quick`` (the tests' size), ``--out DIR``, ``--seed N``, ``--only NAME``."""
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--quick", action="store_true", help="a few seconds (the tests' size)")
     parser.add_argument("--out", default="runs/examples", help="folder for the JSON/MD/PNG")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--only", action="append", metavar="NAME", help="run only this solver (repeatable)"
+    )
     return parser.parse_args(argv)
+
+
+def select(table: dict[str, Any], only: list[str] | None) -> dict[str, Any]:
+    """The entries of a solver table named by ``--only`` (all when None); unknown names are
+    an error that lists the known ones."""
+    if not only:
+        return table
+    unknown = [n for n in only if n not in table]
+    if unknown:
+        raise SystemExit(f"--only: unknown solver(s) {unknown}; known: {list(table)}")
+    return {n: table[n] for n in only}
 
 
 def train(
@@ -71,9 +85,10 @@ def train(
     if setup.inner_update == "optimizer":
         inner_opt = torch.optim.SGD(bilevel.tree.leaves(inner), lr=setup.inner_lr)
     curve = [{"step": 0.0, "time_s": 0.0, **evaluate()}]
-    clock = {"spent": 0.0, "since": time.perf_counter()}
+    clock = {"spent": 0.0, "since": time.perf_counter(), "done": 0}
 
     def callback(k: int, result: bilevel.StepResult) -> bool:
+        clock["done"] = k + 1
         if (k + 1) % eval_every and k + 1 != steps:
             return False
         clock["spent"] += time.perf_counter() - clock["since"]
@@ -85,23 +100,44 @@ def train(
     # direction (the MLPs); counted and reported instead of printed thousands of times.
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", RuntimeWarning)
-        bilevel.fit(
-            problem,
-            setup.solver,
-            outer,
-            inner,
-            steps=steps,
-            outer_optimizer=outer_opt,
-            inner_optimizer=inner_opt,
-            batches=batches,
-            inner_update="optimizer" if inner_opt is not None else setup.inner_update,
-            callback=callback,
-            progress=False,
-        )
+        try:
+            _fit(problem, setup, outer, inner, steps, outer_opt, inner_opt, batches, callback)
+        except FloatingPointError as err:
+            # A solver that diverges is a result, not a crash of the whole comparison. The
+            # step raised before any update, so the variables are still the last finite ones.
+            clock["spent"] += time.perf_counter() - clock["since"]
+            point = {"step": float(clock["done"]), "time_s": clock["spent"], **evaluate()}
+            curve.append({**point, "diverged": str(err)})
     curve[-1]["cg_indefinite_steps"] = float(
         sum("not positive definite" in str(w.message) for w in caught)
     )
     return curve
+
+
+def _fit(
+    problem: bilevel.Problem,
+    setup: Setup,
+    outer: Any,
+    inner: Any,
+    steps: int,
+    outer_opt: torch.optim.Optimizer,
+    inner_opt: torch.optim.Optimizer | None,
+    batches: Callable[[int], tuple[Any, Any]],
+    callback: Callable[[int, bilevel.StepResult], bool],
+) -> None:
+    bilevel.fit(
+        problem,
+        setup.solver,
+        outer,
+        inner,
+        steps=steps,
+        outer_optimizer=outer_opt,
+        inner_optimizer=inner_opt,
+        batches=batches,
+        inner_update="optimizer" if inner_opt is not None else setup.inner_update,
+        callback=callback,
+        progress=False,
+    )
 
 
 def markdown_table(rows: list[dict[str, Any]]) -> str:
@@ -185,4 +221,5 @@ def summary_row(
         "time to best (s)": top["time_s"],
         "total time (s)": curve[-1]["time_s"],
         "CG indefinite steps": int(curve[-1]["cg_indefinite_steps"]),
+        "note": f"diverged after {int(curve[-1]['step'])} steps" if "diverged" in curve[-1] else "",
     }

@@ -24,7 +24,7 @@ import torch
 
 import bilevel
 
-from ._common import Setup, parse_args, summary_row, train, write_outputs
+from ._common import Setup, parse_args, select, summary_row, train, write_outputs
 
 NAME = "few_shot_sinusoid"
 
@@ -133,7 +133,8 @@ def run_learner(name: str, learner: Learner, data: dict, config: dict) -> list[d
 def main(argv: Sequence[str] | None = None) -> dict[str, Path]:
     """Meta-train every learner in ``LEARNERS``; write the JSON, table and PNG."""
     args = parse_args(__doc__.split("\n", 1)[0], argv)
-    config = {"seed": args.seed, "pool": 50, "steps": 1000, "eval_every": 50, "test_tasks": 100}
+    chosen = select(LEARNERS, args.only)
+    config = {"seed": args.seed, "pool": 25, "steps": 500, "eval_every": 50, "test_tasks": 100}
     if args.quick:
         config.update(pool=8, steps=30, eval_every=10, test_tasks=20)
     gen = torch.Generator().manual_seed(10_000 + args.seed)
@@ -141,7 +142,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Path]:
     test_support, test_query = sample_tasks(config["test_tasks"], (10, 50), gen)
     data = {"support": support, "query": query, "test_support": test_support,
             "test_query": test_query}
-    curves = {name: run_learner(name, lr, data, config) for name, lr in LEARNERS.items()}
+    curves = {name: run_learner(name, lr, data, config) for name, lr in chosen.items()}
     summary = [
         {
             **summary_row("learner", name, curve, {"final test MSE": "test_mse"},
@@ -150,7 +151,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Path]:
         }
         for name, curve in curves.items()
     ]
-    config["learners"] = {name: repr(lr) for name, lr in LEARNERS.items()}
+    config["learners"] = {name: repr(lr) for name, lr in chosen.items()}
     return write_outputs(
         args.out, NAME, config=config, curves=curves, summary=summary,
         panels=[("test_mse", "query MSE after adaptation, fresh tasks")],

@@ -28,7 +28,7 @@ import torch.nn.functional as F
 
 import bilevel
 
-from ._common import Setup, parse_args, summary_row, train, write_outputs
+from ._common import Setup, parse_args, select, summary_row, train, write_outputs
 
 NAME = "hyper_cleaning"
 RIDGE = 1e-3  # ρ: keeps the linear model's lower level strongly convex (AID needs it)
@@ -137,6 +137,7 @@ def run_solver(setup: Setup, kind: str, data: dict, config: dict) -> list[dict]:
 def main(argv: Sequence[str] | None = None) -> dict[str, Path]:
     """Every solver in ``SOLVERS`` on both models; write the JSON, table and PNG."""
     args = parse_args(__doc__.split("\n", 1)[0], argv)
+    chosen = select(SOLVERS, args.only)
     config = {"seed": args.seed, "sizes": [800, 400, 597], "steps": 400, "eval_every": 20}
     if args.quick:
         config.update(sizes=[200, 150, 200], steps=20, eval_every=5)
@@ -144,14 +145,14 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Path]:
     curves = {
         f"{kind}/{name}": run_solver(setup, kind, data, config)
         for kind in ("linear", "mlp")
-        for name, setup in SOLVERS.items()
+        for name, setup in chosen.items()
     }
     finals = {"final test acc": "test_acc", "final val acc": "val_acc", "final F1": "f1"}
     summary = [
         summary_row("model/solver", name, curve, finals, ("test_acc", "max"))
         for name, curve in curves.items()
     ]
-    config["solvers"] = {name: repr(s) for name, s in SOLVERS.items()}
+    config["solvers"] = {name: repr(s) for name, s in chosen.items()}
     return write_outputs(
         args.out, NAME, config=config, curves=curves, summary=summary,
         panels=[("test_acc", "test accuracy, linear", "linear/"),

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 
 import bilevel
 
-from ._common import Setup, parse_args, summary_row, train, write_outputs
+from ._common import Setup, parse_args, select, summary_row, train, write_outputs
 
 NAME = "l2_hpo"
 INNER_LR = 0.2  # stable while e^{α_j} < 2/0.2 − (the data's curvature): α up to ≈ 2
@@ -96,17 +96,18 @@ def run_solver(setup: Setup, data: dict, config: dict) -> list[dict]:
 def main(argv: Sequence[str] | None = None) -> dict[str, Path]:
     """Every solver in ``SOLVERS``; write the JSON, table and PNG."""
     args = parse_args(__doc__.split("\n", 1)[0], argv)
+    chosen = select(SOLVERS, args.only)
     config = {"seed": args.seed, "rows": None, "steps": 300, "eval_every": 10}
     if args.quick:
         config.update(rows=300, steps=20, eval_every=5)
     data = load_data(args.seed, config["rows"])
-    curves = {name: run_solver(setup, data, config) for name, setup in SOLVERS.items()}
+    curves = {name: run_solver(setup, data, config) for name, setup in chosen.items()}
     finals = {"final val loss": "val_loss", "final test loss": "test_loss"}
     summary = [
         summary_row("solver", name, curve, finals, ("val_loss", "min"))
         for name, curve in curves.items()
     ]
-    config["solvers"] = {name: repr(s) for name, s in SOLVERS.items()}
+    config["solvers"] = {name: repr(s) for name, s in chosen.items()}
     return write_outputs(
         args.out, NAME, config=config, curves=curves, summary=summary,
         panels=[("val_loss", "validation loss (upper objective)"), ("test_loss", "test loss")],

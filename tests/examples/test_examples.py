@@ -65,3 +65,22 @@ def test_few_shot_meta_learning_improves_on_the_initialization(tmp_path):
     for name in ("MAML", "FOMAML", "iMAML"):
         curve = record["curves"][name]
         assert curve[-1]["test_mse"] < curve[0]["test_mse"], (name, curve[0], curve[-1])
+
+
+def test_a_diverging_solver_is_reported_not_a_crash(tmp_path, monkeypatch):
+    """An inner step far above 2/L makes ITD's iterates overflow: the example records where
+    and goes on; the table says so."""
+    import bilevel
+    from examples._common import Setup
+
+    monkeypatch.setattr(l2_hpo, "SOLVERS", {"ITD lr=1e4": Setup(bilevel.ITD(20, 1e4), 0.05)})
+    record, final = outputs(l2_hpo, tmp_path)
+    assert "non-finite" in final["ITD lr=1e4"]["diverged"]
+    assert "diverged after" in (tmp_path / "l2_hpo.md").read_text()
+
+
+def test_only_selects_solvers_and_names_the_known_ones(tmp_path):
+    paths = l2_hpo.main(["--quick", "--out", str(tmp_path), "--only", "AID"])
+    assert list(json.loads(paths["json"].read_text())["curves"]) == ["AID"]
+    with pytest.raises(SystemExit, match=r"unknown solver\(s\) \['XYZ'\]; known: \['BOME'"):
+        l2_hpo.main(["--quick", "--out", str(tmp_path), "--only", "XYZ"])
