@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import time
 import warnings
 from collections.abc import Callable, Sequence
@@ -92,9 +93,13 @@ def train(
         if (k + 1) % eval_every and k + 1 != steps:
             return False
         clock["spent"] += time.perf_counter() - clock["since"]
-        curve.append({"step": float(k + 1), "time_s": clock["spent"], **evaluate()})
+        point = {"step": float(k + 1), "time_s": clock["spent"], **evaluate()}
         clock["since"] = time.perf_counter()
-        return False
+        if not all(math.isfinite(v) for v in point.values()):
+            # the last update made the variables non-finite: stop and say so
+            point["diverged"] = f"a non-finite metric after step {k + 1}"
+        curve.append(point)
+        return "diverged" in point
 
     # CG warns at every step where the Hessian is not positive definite along its search
     # direction (the MLPs); counted and reported instead of printed thousands of times.
@@ -213,7 +218,8 @@ def summary_row(
     the solver time at which it was reached, the total time and CG's indefinite steps."""
     metric, mode = best
     pick = min if mode == "min" else max
-    top = pick(curve, key=lambda p: p[metric])
+    finite = [p for p in curve if math.isfinite(p[metric])]
+    top = pick(finite, key=lambda p: p[metric])
     return {
         label: name,
         **{column: curve[-1][m] for column, m in finals.items()},

@@ -39,16 +39,18 @@ class Learner:
 
 # One line per meta-learner. MAML-family step sizes follow Finn et al. (β = 0.01 there, with
 # one step); here 5 steps of 0.02. BOME and iMAML need λ > 0: with λ = 0, α is not in g.
+# iMAML: λ = 2 and 20 inner steps beat λ = 1 with 10 and λ = 0.5 with 20 in a 500-step trial;
+# BOME: θ's SGD step 0.002 with T = 10 is the setting of those tried (0.005, outer 1e-2) that
+# did not diverge (docs/bilevel.md, "Examples").
 LEARNERS: dict[str, Learner] = {
     "MAML": Learner(Setup(bilevel.MAML(5, 0.02), outer_lr=1e-3)),
     "FOMAML": Learner(Setup(bilevel.FOMAML(5, 0.02), outer_lr=1e-3)),
     "Reptile": Learner(Setup(bilevel.Reptile(5, 0.02), outer_lr=1.0, outer_optimizer="sgd")),
     "iMAML": Learner(
-        Setup(bilevel.IMAML(10, 0.02, bilevel.linalg.CG(maxiter=5, ridge=0.0)), outer_lr=1e-3),
-        prox=1.0,
+        Setup(bilevel.IMAML(20, 0.02, bilevel.linalg.CG(maxiter=5)), outer_lr=1e-3), prox=2.0
     ),
     "BOME": Learner(
-        Setup(bilevel.BOME(5, 0.02), outer_lr=1e-3, inner_update="optimizer", inner_lr=0.02),
+        Setup(bilevel.BOME(10, 0.02), outer_lr=1e-3, inner_update="optimizer", inner_lr=0.002),
         prox=1.0,
     ),
 }
