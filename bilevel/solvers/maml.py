@@ -28,7 +28,7 @@ class MAML:
 
         θ_0 = α (for every task b),   θ_{t+1} = θ_t − β ∇_θ g(α, θ_t)
         outer_grad = d f(α, θ_T(α)) / dα
-                   = (1/B) Σ_b Π_{t=T−1..0} (I − β ∇²L_b(θ_{b,t})) ∇L_b(θ_{b,T}; query)
+                   = (1/B) Σ_b (I − β∇²L_b(θ_{b,0})) ··· (I − β∇²L_b(θ_{b,T−1})) ∇L_b(θ_{b,T}; query)
 
     (the last line for ``meta_problem(loss, prox=0)``; with λ > 0 the proximal term enters
     each factor too). The values in ``inner`` are ignored, only its shapes count (θ_0 is α).
