@@ -262,3 +262,23 @@ def test_errors_name_the_value_and_the_fix():
             cls(1, -0.1)
     with pytest.raises(ValueError, match="task_copies: tasks must be >= 1"):
         bilevel.task_copies(alpha, 0)
+
+
+def test_imaml_is_aid_started_from_the_initialization():
+    """Same machinery, not a separate framework: iMAML's step is AID's on the proximal problem
+    with θ = α for every task; FOMAML's adapted parameters are AID's θ^(T) too."""
+    alpha, inner, support, query = quad_tasks(3, 4, seed=5)
+    problem = bilevel.meta_problem(quad_loss, prox=0.8)
+    args = {"upper_batch": query, "lower_batch": support}
+    solve = linalg.Dense()
+    imaml = bilevel.IMAML(7, 0.1, solve).step(problem, alpha, inner, **args)
+    aid = bilevel.AID(7, 0.1, solve).step(problem, alpha, bilevel.task_copies(alpha, 3), **args)
+    torch.testing.assert_close(imaml.outer_grad["w"], aid.outer_grad["w"], rtol=1e-12, atol=1e-14)
+    torch.testing.assert_close(imaml.inner_solution["w"], aid.inner_solution["w"])
+    # MAML ignores the values in inner; AID and ITD start from them
+    moved = {"w": inner["w"] + 1.0}
+    maml = bilevel.MAML(2, 0.1)
+    torch.testing.assert_close(
+        maml.step(problem, alpha, moved, **args).outer_grad["w"],
+        maml.step(problem, alpha, inner, **args).outer_grad["w"],
+    )
