@@ -40,12 +40,21 @@ def has_task_dim(owner: str, alpha: list[torch.Tensor], theta: list[torch.Tensor
         )
     batched = theta[0].shape != alpha[0].shape
     for k, (a, t) in enumerate(zip(alpha, theta)):
-        want = (t.shape[0],) + tuple(a.shape) if batched and t.ndim > 0 else tuple(a.shape)
-        if tuple(t.shape) != want:
+        if batched:
+            ok = t.ndim == a.ndim + 1 and t.shape[1:] == a.shape
+        else:
+            ok = t.shape == a.shape
+        if not ok:
+            first = (
+                f" like inner leaf 0, which has a task dimension ({tuple(theta[0].shape)} for "
+                f"outer {tuple(alpha[0].shape)})"
+                if batched and k > 0
+                else ", the same for every leaf"
+            )
             raise ValueError(
                 f"{owner}: inner leaf {k} has shape {tuple(t.shape)}; it must be outer leaf "
-                f"{k}'s shape {tuple(a.shape)} or (tasks,) + {tuple(a.shape)}, the same for "
-                "every leaf; build inner with bilevel.task_copies(outer, tasks)"
+                f"{k}'s shape {tuple(a.shape)} (one task) or (tasks,) + {tuple(a.shape)}"
+                f"{first}; build inner with bilevel.task_copies(outer, tasks)"
             )
     if batched and len({t.shape[0] for t in theta}) > 1:
         raise ValueError(

@@ -248,6 +248,14 @@ def test_errors_name_the_value_and_the_fix():
         run(bilevel.IMAML(2, 0.1), 0.0, alpha, inner, support, query)
     with pytest.raises(ValueError, match=r"inner leaf 0 has shape \(2, 4\).*task_copies"):
         run(bilevel.MAML(2, 0.1), 0.0, alpha, {"w": torch.zeros(2, 4, dtype=F64)}, support, query)
+    mixed_alpha = {"w": alpha["w"], "b": torch.zeros((), dtype=F64)}
+    mixed_inner = {"w": inner["w"], "b": torch.zeros((), dtype=F64)}  # b lacks the task dim
+    message = r"inner leaf 1 has shape \(\).*like inner leaf 0, .* \(\(2, 3\) for outer \(3,\)\)"
+    with pytest.raises(ValueError, match=message):
+        bilevel.FOMAML(1, 0.1).step(
+            bilevel.meta_problem(quad_loss), mixed_alpha, mixed_inner,
+            upper_batch=query, lower_batch=support,
+        )
     with pytest.raises(ValueError, match="prox must be a finite number >= 0, got -1"):
         bilevel.meta_problem(quad_loss, prox=-1)
     with pytest.raises(TypeError, match="task_loss must be a callable"):
