@@ -134,7 +134,7 @@ def run_learner(name: str, learner: Learner, data: dict, config: dict) -> list[d
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Path]:
     """Meta-train every learner in ``LEARNERS``; write the JSON, table and PNG."""
-    args = parse_args(__doc__.split("\n", 1)[0], argv)
+    args = parse_args(__doc__.split("\n\n", 1)[0], argv)
     chosen = select(LEARNERS, args.only)
     config = {"seed": args.seed, "pool": 25, "steps": 500, "eval_every": 50, "test_tasks": 100}
     if args.quick:

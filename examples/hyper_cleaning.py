@@ -136,7 +136,7 @@ def run_solver(setup: Setup, kind: str, data: dict, config: dict) -> list[dict]:
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Path]:
     """Every solver in ``SOLVERS`` on both models; write the JSON, table and PNG."""
-    args = parse_args(__doc__.split("\n", 1)[0], argv)
+    args = parse_args(__doc__.split("\n\n", 1)[0], argv)
     chosen = select(SOLVERS, args.only)
     config = {"seed": args.seed, "sizes": [800, 400, 597], "steps": 400, "eval_every": 20}
     if args.quick:

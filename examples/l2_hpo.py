@@ -142,7 +142,7 @@ def scalar_grid(data: dict, grid: torch.Tensor) -> list[dict]:
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Path]:
     """Every solver in ``SOLVERS``; write the JSON, table and PNG."""
-    args = parse_args(__doc__.split("\n", 1)[0], argv)
+    args = parse_args(__doc__.split("\n\n", 1)[0], argv)
     chosen = select(SOLVERS, args.only)
     config = {"seed": args.seed, "rows": None, "steps": 300, "eval_every": 10}
     if args.quick:
