@@ -13,6 +13,9 @@ Public API::
     solver = bilevel.BOME(10, 0.1) | bilevel.ITD(10, 0.1) | bilevel.AID(10, 0.1)
            | bilevel.FD(1, 0.1) | bilevel.VPBGD(10, 0.1) | bilevel.F2SA(10, 0.1) | bilevel.SOBA(0.1)
     bilevel.ITD(10, 0.1, inner_optimizer=bilevel.Adam())   # unroll Adam (or bilevel.SGD(momentum=0.9))
+    meta = bilevel.meta_problem(task_loss, prox=λ)        # meta-learning: α = initialization
+    solver = bilevel.MAML(5, 0.01) | bilevel.FOMAML(5, 0.01) | bilevel.Reptile(5, 0.01)
+             | bilevel.IMAML(20, 0.01)                    # inner = bilevel.task_copies(α, B)
     result = solver.step(problem, outer, inner, upper_batch=..., lower_batch=...)
     bilevel.fit(problem, solver, outer, inner, steps=..., outer_optimizer=..., inner_optimizer=...)
 
@@ -24,8 +27,22 @@ from ._finite_difference import FiniteDifference
 from ._hypergrad import Estimate, HypergradMethod, Implicit, Unrolled, hypergrad
 from .inner_optim import SGD, Adam
 from .loop import History, apply, fit
+from .meta import MetaProblem, meta_problem, task_copies
 from .problem import Problem
-from .solvers import AID, BOME, F2SA, FD, ITD, SOBA, VPBGD, StepResult
+from .solvers import (
+    AID,
+    BOME,
+    F2SA,
+    FD,
+    FOMAML,
+    IMAML,
+    ITD,
+    MAML,
+    SOBA,
+    VPBGD,
+    Reptile,
+    StepResult,
+)
 
 __version__ = "0.1.0"
 
@@ -36,12 +53,17 @@ __all__ = [
     "Estimate",
     "F2SA",
     "FD",
+    "FOMAML",
     "FiniteDifference",
     "HypergradMethod",
+    "IMAML",
     "ITD",
     "History",
     "Implicit",
+    "MAML",
+    "MetaProblem",
     "Problem",
+    "Reptile",
     "SGD",
     "SOBA",
     "StepResult",
@@ -52,6 +74,8 @@ __all__ = [
     "hypergrad",
     "inner_optim",
     "linalg",
+    "meta_problem",
     "__version__",
+    "task_copies",
     "tree",
 ]

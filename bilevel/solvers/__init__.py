@@ -6,8 +6,24 @@ from .base import StepResult
 from .bome import BOME
 from .f2sa import F2SA
 from .fd import FD
+from .imaml import IMAML
 from .itd import ITD
+from .maml import FOMAML, MAML
+from .reptile import Reptile
 from .soba import SOBA
 from .vpbgd import VPBGD
 
-__all__ = ["AID", "BOME", "F2SA", "FD", "ITD", "SOBA", "StepResult", "VPBGD"]
+__all__ = [
+    "AID",
+    "BOME",
+    "F2SA",
+    "FD",
+    "FOMAML",
+    "IMAML",
+    "ITD",
+    "MAML",
+    "Reptile",
+    "SOBA",
+    "StepResult",
+    "VPBGD",
+]

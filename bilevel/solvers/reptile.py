@@ -1,0 +1,60 @@
+"""Reptile (Nichol, Achiam & Schulman, "On First-Order Meta-Learning Algorithms", 2018) on a
+meta-learning problem (``bilevel.meta_problem``; docs/bilevel.md, "Meta-learning")."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from .._checks import check_int, check_positive
+from ..problem import Problem
+from ._meta import adapt, meta_result, task_mean
+from .base import StepResult
+
+__all__ = ["Reptile"]
+
+
+@dataclass(frozen=True)
+class Reptile:
+    """Reptile: adapt to each task from the initialization, then move the initialization
+    towards the mean adapted parameters.
+
+        θ_T from ``inner_steps`` graph-free steps of size β on g from θ_0 = α (every task)
+        outer_grad = α − (1/B) Σ_b θ_{b,T}
+
+    so that plain SGD on α with step ε is Nichol et al.'s update α ← α + ε(mean θ_T − α)
+    (their Algorithm 2, batched). The upper objective f does not enter the direction; it is
+    evaluated once at θ_T, without a graph, only to report ``upper_loss`` (the query loss
+    after adaptation). ``inner_grad`` = ∇_θ g(α, θ_0), ``inner_solution`` = θ_T.
+
+    Cost per step: T forward-backward passes of g, one forward of f.
+    Memory: O(|θ|) + one graph of g at a time.
+    """
+
+    inner_steps: int
+    inner_lr: float
+
+    def __post_init__(self) -> None:
+        check_int("Reptile", "inner_steps", self.inner_steps, minimum=1)
+        check_positive("Reptile", "inner_lr", self.inner_lr)
+
+    def step(
+        self, problem: Problem, outer: Any, inner: Any, *, upper_batch: Any, lower_batch: Any
+    ) -> StepResult:
+        """One meta-step on a batch of tasks; see the class docstring."""
+        objectives, variables, adapted = adapt(
+            "Reptile.step", problem, outer, inner, lower_batch,
+            steps=self.inner_steps, lr=self.inner_lr,
+        )
+        mean_theta = task_mean(adapted.solution, adapted.batched)
+        direction = [a.detach() - m for a, m in zip(variables.outer, mean_theta)]
+        with torch.no_grad():
+            f = objectives.upper(
+                variables.outer_tree([a.detach() for a in variables.outer]),
+                variables.inner_tree(adapted.solution),
+                upper_batch,
+                f"after {self.inner_steps} inner steps (reported only)",
+            )
+        return meta_result(objectives, variables, direction, adapted, {"upper_loss": f})
