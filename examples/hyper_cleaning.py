@@ -34,13 +34,21 @@ NAME = "hyper_cleaning"
 RIDGE = 1e-3  # ρ: keeps the linear model's lower level strongly convex (AID needs it)
 INNER_LR = 0.5
 
-# One line per solver; the lead adds the other agent's solvers here after the merge.
+# One line per solver.
 SOLVERS: dict[str, Setup] = {
     "BOME": Setup(
         bilevel.BOME(10, INNER_LR), outer_lr=0.1, inner_update="optimizer", inner_lr=INNER_LR
     ),
     "ITD": Setup(bilevel.ITD(10, INNER_LR), outer_lr=0.1),
     "AID": Setup(bilevel.AID(10, INNER_LR, bilevel.linalg.CG(maxiter=20)), outer_lr=0.1),
+    "FD": Setup(bilevel.FD(10, INNER_LR), outer_lr=0.1),
+    # the θ direction is ∇f + γ∇g: its step size scales as 1/γ (docs/bilevel.md, V-PBGD)
+    "V-PBGD": Setup(
+        bilevel.VPBGD(10, INNER_LR, gamma=10.0), outer_lr=0.1, inner_update="optimizer",
+        inner_lr=INNER_LR / 10,
+    ),
+    "F2SA": Setup(bilevel.F2SA(10, INNER_LR, lam=10.0), outer_lr=0.1),
+    "SOBA": Setup(bilevel.SOBA(INNER_LR), outer_lr=0.1, inner_update="optimizer", inner_lr=INNER_LR),
     "unweighted": Setup(bilevel.AID(10, INNER_LR, bilevel.linalg.CG(maxiter=1)), outer_lr=0.0),
 }
 

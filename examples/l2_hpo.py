@@ -33,13 +33,21 @@ INNER_STEPS = 30
 # (docs/bilevel.md, "Examples"); α_j is therefore clamped at 2.5 inside g (e^{2.5} ≈ 12).
 LOG_REG_MAX = 2.5
 
-# One line per solver; the lead adds the other agent's solvers here after the merge.
+# One line per solver.
 SOLVERS: dict[str, Setup] = {
     "BOME": Setup(
         bilevel.BOME(INNER_STEPS, INNER_LR), outer_lr=0.05, inner_update="optimizer", inner_lr=INNER_LR
     ),
     "ITD": Setup(bilevel.ITD(INNER_STEPS, INNER_LR), outer_lr=0.05),
     "AID": Setup(bilevel.AID(INNER_STEPS, INNER_LR, bilevel.linalg.CG(maxiter=40)), outer_lr=0.05),
+    "FD": Setup(bilevel.FD(INNER_STEPS, INNER_LR), outer_lr=0.05),
+    # the θ direction is ∇f + γ∇g: its step size scales as 1/γ (docs/bilevel.md, V-PBGD)
+    "V-PBGD": Setup(
+        bilevel.VPBGD(INNER_STEPS, INNER_LR, gamma=10.0), outer_lr=0.05, inner_update="optimizer",
+        inner_lr=INNER_LR / 10,
+    ),
+    "F2SA": Setup(bilevel.F2SA(INNER_STEPS, INNER_LR, lam=10.0), outer_lr=0.05),
+    "SOBA": Setup(bilevel.SOBA(INNER_LR), outer_lr=0.05, inner_update="optimizer", inner_lr=INNER_LR),
     # the reference: α frozen at 0 (outer_lr = 0), θ trained by the same warm-started steps
     "no HPO (α = 0)": Setup(bilevel.AID(INNER_STEPS, INNER_LR, bilevel.linalg.CG(maxiter=1)), outer_lr=0.0),
 }
