@@ -100,6 +100,11 @@ def _quantization_config(mc: ModelConfig) -> Any:
             f"--quantization {mc.quantization} needs the bitsandbytes package "
             "(pip install bitsandbytes; it runs on CUDA GPUs)"
         )
+    if not torch.cuda.is_available():  # bitsandbytes' 4/8-bit kernels are CUDA kernels
+        raise RuntimeError(
+            f"--quantization {mc.quantization} needs a CUDA GPU (bitsandbytes quantizes on "
+            "CUDA only) and torch sees none here; use --quantization none on this machine"
+        )
     from transformers import BitsAndBytesConfig
 
     if mc.quantization == "4bit":
