@@ -77,16 +77,13 @@ class RunSpec:
     options: tuple[str, ...]
 
 
+# multiple choice: arithmetic in domain, word categories out of domain
+MCQA = ("--in-domain", "synth_arith", "--out-of-domain", "synth_words", "--n-train", "24",
+        "--n-test", "16", "--n-ood", "16")
 RUNS = (
-    RunSpec("first_order", FIRST_ORDER, FIRST_ORDER,
-            ("--in-domain", "synth_arith", "--out-of-domain", "synth_words", "--n-train", "24",
-             "--n-test", "16", "--n-ood", "16")),
-    RunSpec("itd", ("calm",), ("calm_itd",),
-            ("--solver", "itd", "--in-domain", "synth_arith", "--out-of-domain", "synth_words",
-             "--n-train", "24", "--n-test", "16", "--n-ood", "16")),
-    RunSpec("aid", ("calm",), ("calm_aid",),
-            ("--solver", "aid", "--in-domain", "synth_arith", "--out-of-domain", "synth_words",
-             "--n-train", "24", "--n-test", "16", "--n-ood", "16")),
+    RunSpec("first_order", FIRST_ORDER, FIRST_ORDER, MCQA),
+    RunSpec("itd", ("calm",), ("calm_itd",), ("--solver", "itd", *MCQA)),
+    RunSpec("aid", ("calm",), ("calm_aid",), ("--solver", "aid", *MCQA)),
     RunSpec("open_qa", ("sft", "calm"), ("open_qa_sft", "open_qa_calm"),
             ("--task", "open_qa", "--in-domain", "synth_open", "--out-of-domain", "synth_open_words",
              "--n-train", "24", "--n-test", "4", "--n-ood", "4", "--upper-objective",

@@ -126,6 +126,9 @@ def test_load_builds_a_random_model_on_the_device_with_lora():
     assert lm.vocab_size == 4096 and len(lm.tokenizer) == 4096
     assert lm.model.get_input_embeddings().weight.dtype == torch.bfloat16
     assert any("mlp.down_proj.lora_A" in n for n in lm.inner())
+    # bf16 on the CPU: the packed shared-prefix forward agrees with the plain one within the
+    # half-precision tolerance (the branch a bf16 GPU run takes)
+    assert lm.prefix_layout == "packed"
     with pytest.raises(ModelLoadError, match="--quantization none"):
         load(ModelConfig(name_or_path=TINY, quantization="4bit"), device=torch.device("cpu"))
 
