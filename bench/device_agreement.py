@@ -10,8 +10,10 @@ the subject is the same context built on ``--device`` in float32 with the refere
 copied in (a random model drawn on another device has other weights). The LoRA B matrices are
 drawn nonzero first, so that the adapters are not at the degenerate zero point where the LoRA A
 gradients vanish. One lower (training) and one upper (calibration) batch, cloze mode (the
-packed shared-prefix forward), α = affine over the vocabulary, eager attention (ITD and AID
-differentiate through gradients), no dropout, no checkpointing.
+packed shared-prefix forward), α = affine over the vocabulary, no dropout, no checkpointing;
+eager attention for every quantity (ITD and AID differentiate through gradients), and again
+with the default attention kernel (SDPA, what first-order runs use) for the log-likelihoods
+and BOME's directions, marked "(sdpa)".
 
 Compared, each as max |subject − reference| / max |reference| over all entries:
 
@@ -63,28 +65,29 @@ def deviation(got: dict[str, torch.Tensor] | torch.Tensor, ref: dict[str, torch.
     return float((got[finite] - ref[finite]).abs().max()) / (scale if scale > 0 else 1.0)
 
 
-def _argv(device: str, data: list[str]) -> list[str]:
+def _argv(device: str, data: list[str], solver: str) -> list[str]:
     return ["--config", "paper-7b", "--model", MODEL, "--dtype", "fp32", "--device", device,
             "--mode", "cloze", "--lora-r", "4", "--lora-alpha", "8", "--lora-dropout", "0",
-            "--no-gradient-checkpointing", "--solver", "itd", "--methods", "calm",
+            "--no-gradient-checkpointing", "--solver", solver, "--methods", "calm",
             "--in-domain", "synth_arith", "--out-of-domain", "synth_words", "--n-train", "8",
             "--n-calib", "4", "--n-test", "4", "--n-ood", "4", "--batch-size", "4",
             "--grad-accum", "1", "--calib-batch-size", "4", "--data-files", *data]
 
 
-def build(device: str, data: list[str]) -> Any:
-    """The app's context for the tiny model on ``device`` (float32), as the runner builds it."""
+def build(device: str, data: list[str], solver: str = "itd") -> Any:
+    """The app's context for the tiny model on ``device`` (float32), as the runner builds it;
+    ``solver`` itd gives eager attention (second order), bome the default kernel (SDPA)."""
     from apps.calm_llm.config import parse_args
     from apps.calm_llm.distributed import Dist
     from apps.calm_llm.train import Run, build_context, load_data
 
-    cfg = parse_args(_argv(device, data))
+    cfg = parse_args(_argv(device, data, solver))
     return build_context(Run(cfg, Dist(), Path("."), cfg.hash()), load_data(cfg)).ctx
 
 
-def measure(ctx: Any, method: Any) -> dict[str, Any]:
-    """Option log-likelihoods, BOME's directions and the ITD/AID hypergradients on the first
-    lower and upper batch of the method's streams."""
+def measure(ctx: Any, method: Any, solvers: tuple[str, ...] = ("bome", "itd", "aid")) -> dict[str, Any]:
+    """Option log-likelihoods, BOME's directions and the ITD/AID hypergradients (those of
+    ``solvers``) on the first lower and upper batch of the method's streams."""
     from apps.calm_llm.predict import predict_option_logits
     from apps.calm_llm.solvers import build_solver
 
@@ -93,7 +96,7 @@ def measure(ctx: Any, method: Any) -> dict[str, Any]:
     inner = {n: p.detach() for n, p in ctx.lm.inner().items()}
     outer = {n: a.detach() for n, a in method.alpha.params.items()}
     with ctx.lm.mode(True):
-        for name in ("bome", "itd", "aid"):
+        for name in solvers:
             solver = build_solver(dataclasses.replace(ctx.cfg.calm, solver=name))
             res = solver.step(method.problem, outer, inner, upper_batch=upper, lower_batch=lower)
             if name == "bome":
@@ -123,20 +126,22 @@ def check(device: str = "auto") -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         data = [f"{n}={synthetic.write_jsonl(synthetic.questions(k, 24), Path(tmp) / f'{n}.jsonl')}"
                 for n, k in (("synth_arith", "arithmetic"), ("synth_words", "categories"))]
-        ref, sub = build("cpu", data), build(dev, data)
+        ref, sub, sdpa = build("cpu", data), build(dev, data), build(dev, data, "bome")
     _draw_lora_b(ref)
-    sub.lm.model.load_state_dict(ref.lm.model.state_dict())
+    for ctx in (sub, sdpa):
+        ctx.lm.model.load_state_dict(ref.lm.model.state_dict())
     ref.lm.model.to(torch.float64)
     calm = methods.info("calm").load()
-    torch.manual_seed(0)
-    m_ref, m_sub = calm(ref), calm(sub)
+    m_ref, m_sub, m_sdpa = calm(ref), calm(sub), calm(sdpa)
     for a in m_ref.alpha.params.values():
         a.data = a.data.double()
-    got_ref, got_sub = measure(ref, m_ref), measure(sub, m_sub)
+    got_ref = measure(ref, m_ref)
     quantities = {}
-    for k, tol in TOLERANCES.items():
-        d = deviation(got_sub[k], got_ref[k])
-        quantities[k] = {"deviation": d, "tolerance": tol, "ok": d <= tol}
+    # eager attention (every quantity), then the default SDPA kernel that first-order runs use
+    for suffix, got in (("", measure(sub, m_sub)), (" (sdpa)", measure(sdpa, m_sdpa, ("bome",)))):
+        for k, value in got.items():
+            d, tol = deviation(value, got_ref[k]), TOLERANCES[k]
+            quantities[k + suffix] = {"deviation": d, "tolerance": tol, "ok": d <= tol}
     worst = max(quantities, key=lambda k: quantities[k]["deviation"])
     lines = [f"float64 (cpu) vs float32 ({dev}), {MODEL}: largest deviation {worst} "
              f"{quantities[worst]['deviation']:.2e}", "",
