@@ -139,7 +139,10 @@ def tokens_per_step(run_dir: Path) -> float:
         train = list(load_data(cfg).train)
         collator = Collator(tok, mode=cfg.data.mode, prompt_style=cfg.data.prompt_style,
                             max_options=cfg.data.max_options)
-    lengths = [min(len(ids), cfg.model.max_length + 1) for ex in train for ids, _ in collator.sequences(ex)]
+    # what a training batch holds: the gold sequence alone (cloze trains on it; letter and
+    # instruction examples have one sequence anyway), cut to --max-length as collated
+    lengths = [min(len(ids), cfg.model.max_length + 1)
+               for ex in train for ids, _ in collator.sequences(ex, options="gold")]
     return statistics.mean(lengths) * cfg.train.batch_size * cfg.train.grad_accum
 
 

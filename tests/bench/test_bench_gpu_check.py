@@ -107,6 +107,16 @@ def test_peak_memory_is_recorded_from_the_device_statistics(tmp_path, monkeypatc
     row = gpu_check.summarize(hist, 100.0)
     assert math.isnan(row["max_memory_gib"])  # not hidden by max() (NaN compares false)
     assert gpu_check.not_finite(row, gpu=True) == ["max_memory_gib"]
+    # tokens per step, counted by hand: the tokenizer on each training question's cloze text
+    # with its gold answer (BOS included), batch 4 × accumulation 1 of the tiny preset
+    from apps.calm_llm.synthetic import synthetic_tokenizer
+
+    tok = synthetic_tokenizer(4096)
+    rows = {f"a:{r['id']}": r for r in synthetic.questions("arithmetic", 40)}
+    split = json.loads((tmp_path / "run" / "splits.json").read_text())["splits"]["train"]["ids"]
+    n = [len(tok(f"Question: {rows[i]['question']}\nAnswer: {rows[i]['options'][rows[i]['label']]}")["input_ids"])
+         for i in split]
+    assert gpu_check.tokens_per_step(tmp_path / "run") == pytest.approx(sum(n) / len(n) * 4)
 
 
 def test_the_real_peak_memory_function_says_none_off_the_gpu():
