@@ -123,3 +123,17 @@ def test_the_real_peak_memory_function_says_none_off_the_gpu():
     from apps.calm_llm.train import peak_memory_gib
 
     assert peak_memory_gib(torch.device("cpu")) is None
+
+
+def test_a_failing_run_is_reported_and_fails_the_check(tmp_path, monkeypatch):
+    from bench import gpu_check
+
+    # an option the app refuses: the run stops at validation, before any model is built
+    monkeypatch.setattr(gpu_check, "COMMON", (*gpu_check.COMMON, "--n-calib", "1"))
+    stem = tmp_path / "failed"
+    out = gpu_check.main(["--device", "cpu", "--methods", "sft", "--no-agreement", "--out", str(stem)])
+    assert not out["ok"] and out["rows"]["sft"] == {"steps": 0, "failed": "run first_order exit 2"}
+    assert out["meta"]["problems"] == ["sft: failed", "run first_order: exit code 2"]
+    run = out["meta"]["runs"][0]
+    assert run["returncode"] == 2 and "--n-calib: need at least 2" in run["log_tail"]
+    assert "| sft | 0 | failed (run first_order exit 2)" in stem.with_suffix(".md").read_text()
