@@ -2,7 +2,8 @@
 
 ``--model random:llama-3.1-8b`` is Llama-3.1-8B's shape (Grattafiori et al., 2024, "The Llama 3
 Herd of Models", Table 3: 32 layers, width 4096, FFN 14336, 32 query / 8 key-value heads,
-vocabulary 128,256, RoPE θ = 500,000 with the Llama-3 frequency scaling) with random weights:
+RoPE θ = 500,000; the released config.json adds the vocabulary of 128,256 ids, 256 of them
+reserved special tokens, and the "llama3" RoPE frequency scaling) with random weights:
 what a GPU machine without network or model files can train to measure step time and memory
 of the 7-8B setting. Overrides after ``@`` shrink it: ``random:llama-3.1-8b@layers=2`` (the
 same width, fewer layers), ``@layers=1,hidden=64`` (a CPU test), keys `OVERRIDES`.
