@@ -265,6 +265,10 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse(argv)
+    if args.device == "cpu" and not args.hidden:
+        # measured: one SFT step of the full-width 1-layer model took minutes on 2 cores
+        print("warning: the full-width model on the CPU takes hours for every method; "
+              "--hidden 64 runs the same code path in minutes (docs/calm.md)", file=sys.stderr)
     t0 = time.time()
     with tempfile.TemporaryDirectory() as tmp:
         work = args.keep or Path(tmp)
