@@ -21,13 +21,10 @@ estimate scales by FLOPs (docs/calm.md, "Studies").
 from __future__ import annotations
 
 import argparse
-import collections
 import json
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -102,27 +99,18 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         cmd += ["--model", args.model] if args.model else []
         cmd += ["--dtype", args.dtype] if args.dtype else []
         cmd += args.extra
-        print("$", " ".join(cmd[1:]), flush=True)
-        t0 = time.time()
-        tail: collections.deque[str] = collections.deque(maxlen=60)
-        # the run's own progress bars stay visible; its last lines are kept for a failure report
-        with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as proc:
-            assert proc.stdout is not None
-            for line in proc.stdout:
-                sys.stdout.write(line)
-                tail.append(line)
-        wall = time.time() - t0
+        returncode, wall, tail = harness.run_logged(cmd)
         rows = {m: summarize(read_history(run_dir, m)) for m in args.methods}
         config = json.loads((run_dir / "config.json").read_text()) if (run_dir / "config.json").is_file() else {}
 
     device = torch.device("cuda" if torch.cuda.is_available() and args.device != "cpu" else "cpu")
-    meta = {"env": harness.environment(device), "command": cmd[1:], "returncode": proc.returncode,
+    meta = {"env": harness.environment(device), "command": cmd[1:], "returncode": returncode,
             "wall_s": round(wall, 1), "model": config.get("model", {}).get("name_or_path", args.model),
             "dtype": config.get("model", {}).get("dtype")}
     print(table(rows))
-    print(f"wall {wall / 60:.1f} min, exit code {proc.returncode}")
-    if proc.returncode != 0:
-        meta["log_tail"] = "".join(tail)
+    print(f"wall {wall / 60:.1f} min, exit code {returncode}")
+    if returncode != 0:
+        meta["log_tail"] = tail
     out = args.out or harness.RESULTS / (f"gpu_smoke_{args.name}" if args.name else "gpu_smoke")
     rec = harness.Recorder(out.with_suffix(".json"), meta)
     for m, r in rows.items():

@@ -7,12 +7,15 @@ that machine-load drift hits all of them alike, and reports per-candidate median
 
 from __future__ import annotations
 
+import collections
 import gc
 import json
 import math
 import os
 import platform
 import statistics
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -166,3 +169,17 @@ def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
 
 def median(xs: Sequence[float]) -> float:
     return statistics.median(xs)
+
+
+def run_logged(cmd: list[str]) -> tuple[int, float, str]:
+    """Run ``cmd`` with its output echoed as it comes (progress bars stay visible); returns
+    (exit code, wall seconds, its last 60 lines, kept for a failure report)."""
+    print("$", " ".join(cmd[1:]), flush=True)
+    t0 = time.time()
+    tail: collections.deque[str] = collections.deque(maxlen=60)
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as proc:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            sys.stdout.write(line)
+            tail.append(line)
+    return proc.returncode, time.time() - t0, "".join(tail)

@@ -892,7 +892,7 @@ def _check_paths(cfg: Config) -> None:
             name, path = e.split("=", 1)
             _check(Path(path).is_file(), f"--data-files {e}: no such file {path!r} for {name!r}")
     model = cfg.model.name_or_path
-    if model not in ("smollm2", "tiny"):
+    if model not in ("smollm2", "tiny") and not model.startswith("random:"):  # random: synthetic.py
         if model.startswith(_PATH_LIKE) or Path(model).exists():
             _check(Path(model).expanduser().is_dir(),
                    f"--model {model}: no such folder (give a model folder, a hub name ORG/NAME, "

@@ -42,6 +42,14 @@ def check_model_available(mc: ModelConfig) -> None:
     name = mc.name_or_path
     if name == TINY_MODEL_NAME or name in DEFAULT_MODEL_NAMES:
         return
+    if name.startswith("random:"):  # built from its config alone (synthetic.py): check the spec
+        from .synthetic import random_config
+
+        try:
+            random_config(name)
+        except ValueError as e:
+            raise ModelLoadError(str(e)) from e
+        return
     path = Path(name).expanduser()
     if path.is_dir():
         if not any((path / f).is_file() for f in ("config.json", "adapter_config.json")):
@@ -92,6 +100,11 @@ def _quantization_config(mc: ModelConfig) -> Any:
             f"--quantization {mc.quantization} needs the bitsandbytes package "
             "(pip install bitsandbytes; it runs on CUDA GPUs)"
         )
+    if not torch.cuda.is_available():  # bitsandbytes' 4/8-bit kernels are CUDA kernels
+        raise RuntimeError(
+            f"--quantization {mc.quantization} needs a CUDA GPU (bitsandbytes quantizes on "
+            "CUDA only) and torch sees none here; use --quantization none on this machine"
+        )
     from transformers import BitsAndBytesConfig
 
     if mc.quantization == "4bit":
@@ -104,14 +117,26 @@ def _quantization_config(mc: ModelConfig) -> Any:
     return BitsAndBytesConfig(load_in_8bit=True)
 
 
-def load_base(mc: ModelConfig, *, eager: bool = False, seed: int = 0) -> tuple[nn.Module, Any]:
+def load_base(mc: ModelConfig, *, eager: bool = False, seed: int = 0,
+              device: torch.device | None = None) -> tuple[nn.Module, Any]:
     """The base causal LM and its tokenizer, all weights frozen.
 
     ``eager`` forces ``attn_implementation="eager"`` (needed by second-order solvers: the fused
-    SDPA kernels have no double backward).
+    SDPA kernels have no double backward). ``device``: where a ``random:ARCH`` model is
+    materialized (default CPU); other models load on the CPU and are moved by `load`.
     """
     attn = "eager" if eager else (None if mc.attn_implementation == "auto" else mc.attn_implementation)
-    if mc.name_or_path == TINY_MODEL_NAME:
+    if mc.name_or_path.startswith("random:"):
+        if mc.quantization != "none":
+            raise ModelLoadError(f"--model {mc.name_or_path} with --quantization {mc.quantization}: "
+                                 "a random model is built unquantized; use --quantization none")
+        from .synthetic import random_model_and_tokenizer
+
+        model, tok = random_model_and_tokenizer(mc.name_or_path, device=device or "cpu",
+                                                dtype=_torch_dtype(mc.dtype), seed=seed)
+        if attn:
+            model.set_attn_implementation(attn)
+    elif mc.name_or_path == TINY_MODEL_NAME:
         from .assets import tiny_model_and_tokenizer
 
         model, tok = tiny_model_and_tokenizer(seed, hidden=mc.tiny_hidden, layers=mc.tiny_layers)
@@ -499,7 +524,9 @@ def load(
             f"--quantization {mc.quantization} with FSDP: quantized base weights cannot be "
             "sharded here; use FSDP in bf16, or the DDP config with --quantization 4bit"
         )
-    base, tok = load_base(mc, eager=eager, seed=seed)
+    # a random model is materialized where it runs (unsharded, unquantized)
+    base, tok = load_base(mc, eager=eager, seed=seed,
+                          device=None if fsdp or mc.quantization != "none" else device)
     fingerprint = base_fingerprint(base, mc.name_or_path)  # before sharding splits the embedding
     if mc.quantization == "none" and not fsdp:
         base = base.to(device)

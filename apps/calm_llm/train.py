@@ -172,6 +172,15 @@ def load_data(cfg: Config):
 
 
 # -- training ------------------------------------------------------------------------------------
+def peak_memory_gib(device: torch.device) -> float | None:
+    """The most memory the CUDA allocator held on ``device`` since its last reset (GiB); None
+    elsewhere (the CPU keeps no such statistic). One function, so that a test can stand in
+    for the GPU's statistics."""
+    if device.type != "cuda":
+        return None
+    return torch.cuda.max_memory_allocated(device) / 2**30
+
+
 def train_method(
     method: Method, ctx: Context, *, run_dir: Path, config_hash: str, resume: bool
 ) -> list[dict[str, float]]:
@@ -213,8 +222,9 @@ def train_method(
             # cost of the step on record (what studies and GPU estimates are sized from); the
             # loss read above has synchronised the device
             cost = {"step_seconds": time.perf_counter() - t0}
-            if cuda:
-                cost["max_memory_gib"] = torch.cuda.max_memory_allocated(ctx.lm.device) / 2**30
+            peak = peak_memory_gib(ctx.lm.device)
+            if peak is not None:
+                cost["max_memory_gib"] = peak
             history.append({"step": k + 1, **{key: float(v) for key, v in info.items()}, **cost})
             record.append(history[-1])
             bar.set_postfix(loss=f"{loss:.4f}")
