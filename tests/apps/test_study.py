@@ -20,6 +20,8 @@ TINY = S.Study(
               S.Variant("sft", ("sft",), note="plain fine-tuning")),
     step_s={"sft": 1.0}, question_s=0.01, run_s=1.0, questions=24, baselines=("sft/sft",),
     chance_table=True,
+    primary=(S.Comparison("reference/none", "sft/sft", "sciq", "error", "fine-tuning calibrates"),
+             S.Comparison("sft/sft", "reference/none", "arc_easy", "accuracy", "it transfers")),
 )
 
 
@@ -69,9 +71,17 @@ def test_cells_run_skip_and_summarize(tmp_path, capsys):
     assert vs["diff"] == pytest.approx(none["mean"]["conf_ece"] - d["mean"]["conf_ece"])
     assert vs["ci"][0] <= vs["ci"][1] and 0.0 <= vs["p_not_better"] <= 1.0
     assert "sft/sft" not in d["vs"]  # a baseline is not compared with itself
+    # the primary family: the same paired numbers, Holm-adjusted together
+    first, second = out["primary"]
+    assert first["diff"] == vs["diff"] and first["ci"] == vs["ci"] and first["p"] == vs["p"]
+    from calibration.stats import holm
+
+    assert [first["p_holm"], second["p_holm"]] == pytest.approx(list(holm([first["p"], second["p"]])))
+    assert all(e["verdict"] in ("cannot tell", "row lower", "row higher") for e in out["primary"])
+    assert "## Primary comparisons" in (root / "study.md").read_text()
 
     # figures pool the seeds' predictions: 2 seeds x 8 questions, in seed order
-    from apps import study_figures
+    from apps.study import figures as study_figures
 
     pooled = study_figures._pooled(TINY, root, "sft/sft")["sciq"]
     from safetensors.torch import load_file
@@ -99,10 +109,28 @@ def test_cells_run_skip_and_summarize(tmp_path, capsys):
     assert d2["carried"] == ["conf_ece_pooled_ci"]
     assert again["rows"]["reference/none"]["datasets"]["sciq"]["vs"] == none["vs"]
     assert "†" in (dest / "study.md").read_text()
+    # numbers carried from a summary of the earlier question-only bootstrap (no "procedure") are
+    # marked as narrower (‡), and stay marked when carried again
+    earlier = json.loads((dest / "study.json").read_text())
+    del earlier["procedure"]
+    (dest / "study.json").write_text(json.dumps(earlier))
+    for _ in range(2):
+        marked = S.summarize(TINY, dest, n_boot=50)["rows"]["sft/sft"]["datasets"]["sciq"]
+        assert marked["carried_questions_only"] == ["conf_ece_pooled_ci"]
+        assert "]‡" in (dest / "study.md").read_text()
     # with no earlier summary there is nothing to carry: the metrics alone
     (dest / "study.json").unlink()
     bare = S.summarize(TINY, dest, n_boot=50)["rows"]["sft/sft"]["datasets"]["sciq"]
     assert "conf_ece_pooled_ci" not in bare and bare["vs"] == {} and bare["mean"] == d["mean"]
+
+
+def test_cells_are_parsed_by_the_run_config_and_a_bad_one_names_itself():
+    from apps.calm_llm.config import ConfigError
+
+    cfg = S.cells(TINY)[1].config(TINY)
+    assert cfg.train.steps == 2 and cfg.seed == 0 and list(cfg.methods) == ["sft"]
+    with pytest.raises(ConfigError, match="study tiny, cell bad-seed0: .*--steps"):
+        S.Cell(S.Variant("bad", ("sft",), ("--steps", "0")), 0).config(TINY)
 
 
 def test_pooled_interval_resamples_questions_jointly():
@@ -114,8 +142,37 @@ def test_pooled_interval_resamples_questions_jointly():
     mean = np.mean([conf_ece(torch.from_numpy(p), torch.from_numpy(labels)) for p in probs])
     assert lo < mean < hi
     # identical seeds: the pooled interval is the single-seed bootstrap of the same resamples
+    # (the seed draws come from their own stream, so the question draws are the same)
     same = S.pooled_interval(seeds[:1] * 3, n_boot=200)
     assert same == pytest.approx(S.pooled_interval(seeds[:1], n_boot=200))
+    # one seed: exactly the per-run interval of calibration.metrics.bootstrap, same rng seed
+    from calibration.metrics import bootstrap
+
+    iv = bootstrap(conf_ece, probs[0], labels, n=200, seed=0)
+    assert S.pooled_interval(seeds[:1], n_boot=200) == (iv.low, iv.high)
+
+
+def test_seed_variance_widens_the_pooled_interval_and_shared_seeds_pair_rows():
+    rng = np.random.default_rng(4)
+    labels = rng.integers(0, 2, 200)
+
+    def seed_probs(shift: float) -> np.ndarray:  # a seed's confidence offset: seed variance
+        p = np.clip(0.6 + shift + 0.1 * rng.standard_normal(200), 0.5, 0.99)
+        return np.stack([np.where(labels == 0, p, 1 - p), np.where(labels == 0, 1 - p, p)], 1)
+
+    varied = [S.Questions.options(seed_probs(s), labels) for s in (-0.15, 0.0, 0.15)]
+    lo, hi = S.pooled_interval(varied, n_boot=200)
+    draws = S.DatasetDraws(200, n_boot=200)
+    fixed = [draws.values(("row", k), [q], [0])["error"] for k, q in enumerate(varied)]
+    # the question-only interval of the seed mean: the same question draws, seeds held fixed
+    question_only = np.quantile(np.mean(fixed, axis=0), [0.025, 0.975])
+    assert hi - lo > 1.5 * (question_only[1] - question_only[0])
+    # a row against a copy of itself run with the same seeds: identical draws, exactly 0
+    same = S.paired_difference(varied, varied, n_boot=50, labels=((0, 1, 2), (0, 1, 2)))
+    assert same["conf_ece"]["ci"] == [0.0, 0.0] and same["conf_ece"]["p"] == 1.0
+    # the same predictions under other seed labels: independent seed draws, no longer 0
+    other = S.paired_difference(varied, varied, n_boot=50, labels=((0, 1, 2), (3, 4, 5)))
+    assert other["conf_ece"]["diff"] == 0.0 and other["conf_ece"]["ci"][1] > 0.0
 
 
 def test_paired_difference_of_a_row_with_itself_is_exactly_zero():
@@ -264,7 +321,7 @@ def test_open_qa_cells_pair_rows_on_their_saved_records(tmp_path):
     md = (tmp_path / "study.md").read_text()
     assert "Δ Semantic-ECE vs VARIANT/ts" in md and f"{vs['diff']:+.3f}" in md
     # the pooled diagram draws open QA's rows by their semantic-cluster confidence
-    from apps import study_figures
+    from apps.study import figures as study_figures
 
     x, y, n_seeds, kind = study_figures._pooled(study, tmp_path, "v/sft")["trivia_qa"]
     assert kind == "binary" and n_seeds == 2 and x.shape == y.shape == (40,)
@@ -306,7 +363,7 @@ def test_flop_scaled_estimate_of_a_gpu_study():
 
 
 def test_smoothing_keeps_the_length_and_skips_missing_steps():
-    from apps.study_figures import _smooth
+    from apps.study.figures import _smooth
 
     assert np.allclose(_smooth(np.array([3.0, 1.0]), 5), [2.0, 2.0])  # shorter than the window
     y = np.array([1.0, np.nan, 3.0, 5.0, np.nan, np.nan, np.nan])
