@@ -26,7 +26,8 @@ def _open_qa_table(summary: dict[str, Any], ds: str) -> list[str]:
                     for m in e["datasets"].get(ds, {}).get("mean", {}) if m.startswith("semantic_ece/")})
     kinds = [k for k in ("semantic", "split_half") if k in kinds] + \
         [k for k in kinds if k not in ("semantic", "split_half")]
-    cols = [("accuracy", "accuracy"), ("greedy accuracy", "greedy_accuracy"),
+    cols = [("accuracy", "accuracy"), ("accuracy, no question echo", "accuracy_no_echo"),
+            ("EM", "exact_match"), ("token F1", "token_f1"), ("greedy accuracy", "greedy_accuracy"),
             *((f"Semantic-ECE ({k})", f"semantic_ece/{k}") for k in kinds if k == "semantic"),
             ("pooled 95% CI of Semantic-ECE (semantic)", "semantic_ece_pooled_ci"),
             *((f"Semantic-ECE ({k})", f"semantic_ece/{k}") for k in kinds if k != "semantic"),

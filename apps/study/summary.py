@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from apps.study.answers import answer_metrics
 from apps.study.catalogue import Comparison, Study
 from apps.study.dynamics import dynamics
 from apps.study.questions import load as load_questions
@@ -76,6 +77,7 @@ def _add_cell(rows: dict[str, dict[str, Any]], c: Cell, run_dir: Path) -> None:
     by ``variant/row`` and dataset."""
     results = json.loads((run_dir / "metrics.json").read_text())["results"]
     questions = load_questions(run_dir)
+    answers = answer_metrics(run_dir)  # open QA: the modal answers scored beside --match
     for row, per_ds in results.items():
         key = f"{c.variant.name}/{row}"
         entry = rows.setdefault(key, {"variant": c.variant.name, "row": row, "seeds": [],
@@ -100,6 +102,8 @@ def _add_cell(rows: dict[str, dict[str, Any]], c: Cell, run_dir: Path) -> None:
                 if kind == "semantic" and "mean_confidence" in conf:
                     d["values"].setdefault("mean_confidence", []).append(
                         float(conf["mean_confidence"]))
+            for m, v in answers.get((row, ds), {}).items():
+                d["values"].setdefault(m, []).append(v)
             q = questions.get((row, ds))
             if q is not None:
                 d["_questions"].append(q)

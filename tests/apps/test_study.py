@@ -400,3 +400,31 @@ def test_the_published_open_qa_study_reproduces_from_its_raw_files(tmp_path):
     assert again["primary"] == published["primary"]
     # as JSON: an undefined AUROC is NaN, which never equals itself in a dict comparison
     assert json.dumps(again["rows"]) == json.dumps(published["rows"])
+
+
+def test_open_qa_answers_are_scored_without_question_echoes_and_by_em_and_f1(tmp_path):
+    from apps.calm_llm.open_qa import score
+
+    def rec(i, question, answers, modal, right):
+        return score.QuestionRecord(id=f"q{i}", question=question, answers=answers,
+                                    samples=[modal] * 4, cluster_ids=[0] * 4, modal_answer=modal,
+                                    modal_correct=right, greedy=modal, greedy_logprobs=[-0.5],
+                                    greedy_correct=right)
+
+    recs = [rec(0, "Which Cuban city is Havana's rival?", ["Havana", "Santiago de Cuba"],
+                "the city of Havana", True),  # right by `contains` only through the echo
+            rec(1, "Capital of France?", ["Paris"], "Paris", True),
+            rec(2, "Largest planet?", ["Jupiter"], "Saturn", False)]
+    results = {"none": {"trivia_qa": score.dataset_metrics(recs, domain="id", n_bins=10, n_boot=0)}}
+    score.write_results(tmp_path / "v-seed0", results, {"none": {"trivia_qa": recs}}, n_bins=10,
+                        plots=False)
+    study = S.Study(name="oq", description="open QA", common=(), seeds=(0,),
+                    variants=(S.Variant("v", ("none",)),), step_s={}, question_s=0.0, run_s=0.0,
+                    questions=0)
+    d = S.summarize(study, tmp_path, n_boot=20)["rows"]["v/none"]["datasets"]["trivia_qa"]["mean"]
+    assert d["accuracy"] == pytest.approx(2 / 3)  # the run's own `contains`
+    assert d["accuracy_no_echo"] == pytest.approx(1 / 3) and d["echo_credited"] == pytest.approx(1 / 3)
+    assert d["exact_match"] == pytest.approx(1 / 3)
+    # F1 of "city of havana" against "havana": P = 1/3, R = 1 -> 0.5; then 1 and 0
+    assert d["token_f1"] == pytest.approx((0.5 + 1.0 + 0.0) / 3)
+    assert "| accuracy, no question echo | EM | token F1 |" in (tmp_path / "study.md").read_text()
