@@ -428,3 +428,23 @@ def test_open_qa_answers_are_scored_without_question_echoes_and_by_em_and_f1(tmp
     # F1 of "city of havana" against "havana": P = 1/3, R = 1 -> 0.5; then 1 and 0
     assert d["token_f1"] == pytest.approx((0.5 + 1.0 + 0.0) / 3)
     assert "| accuracy, no question echo | EM | token F1 |" in (tmp_path / "study.md").read_text()
+
+
+def test_published_per_run_intervals_are_the_one_seed_bootstrap_bit_for_bit():
+    """The conf-ECE and cw-ECE intervals a laptop run wrote into metrics.json (before the
+    hierarchical bootstrap existed) are recomputed exactly from its saved probabilities: the
+    one-seed case draws what the per-run bootstrap drew."""
+    from pathlib import Path
+
+    from safetensors.torch import load_file
+
+    from apps.calm_llm.evaluate import dataset_metrics
+
+    cell = Path(__file__).resolve().parents[2] / "docs" / "results" / "laptop" / "reference-seed0"
+    saved = json.loads((cell / "metrics.json").read_text())["results"]
+    preds = load_file(str(cell / "predictions.safetensors"))
+    for row in ("none", "ts"):
+        for ds, r in saved[row].items():
+            out = dataset_metrics(preds[f"{row}/{ds}/probs"].double(), preds[f"{row}/{ds}/labels"],
+                                  domain=r["domain"], n_bins=r["n_bins"], n_boot=r["n_boot"], seed=0)
+            assert out["conf_ece_ci"] == r["conf_ece_ci"] and out["cw_ece_ci"] == r["cw_ece_ci"]
