@@ -112,3 +112,9 @@ def test_holm_is_between_the_raw_p_and_bonferroni_and_keeps_the_order(p):
     assert np.all(adj >= raw - 1e-15) and np.all(adj <= np.minimum(1.0, len(p) * raw) + 1e-15)
     order = np.argsort(raw, kind="stable")
     assert np.all(np.diff(adj[order]) >= -1e-15)  # a smaller p never gets a larger adjusted p
+
+
+def test_holm_agrees_with_statsmodels_where_it_is_installed():
+    multitest = pytest.importorskip("statsmodels.stats.multitest")  # not a dependency
+    p = np.random.default_rng(3).uniform(0, 0.2, 9)
+    assert holm(p) == pytest.approx(multitest.multipletests(p, method="holm")[1])
