@@ -35,9 +35,10 @@ CALIB = ("calib_nll", "calib_conf_ece", "calib_accuracy")
 # knows); every confidence kind's Semantic-ECE is kept as "semantic_ece/<kind>"
 OPEN_QA_METRICS = ("accuracy", "greedy_accuracy", "semantic_ece", "brier", "auroc",
                    "mean_confidence", "mean_clusters")
-# how study.json's intervals were computed; intervals carried from a summary made another way
-# (the question-only bootstrap before it, "questions") are marked as such
+# how study.json's intervals were computed. A summary without it was made by the earlier
+# bootstrap that resampled questions with the seeds fixed: numbers carried from it are marked.
 PROCEDURE = "hierarchical bootstrap (seeds, then questions), paired, percentile; Holm on the primary family"
+
 
 def _carry_forward(rows: dict[str, dict[str, Any]], previous: dict[str, Any]) -> None:
     """Keep the question-level numbers (pooled interval, paired differences) of an earlier
@@ -45,8 +46,11 @@ def _carry_forward(rows: dict[str, dict[str, Any]], previous: dict[str, Any]) ->
     baseline they were paired with) still hold the same seeds; each is listed in ``carried``,
     and also in ``carried_questions_only`` when it was computed by the earlier bootstrap that
     resampled questions with the seeds fixed (too narrow by the seed term)."""
+    procedure = previous.get("procedure")
+    if procedure not in (None, PROCEDURE):  # made some other way we cannot label: carry nothing
+        return
+    questions_only = procedure is None
     old = previous.get("rows", {})
-    other_procedure = previous.get("procedure") != PROCEDURE
     for key, entry in rows.items():
         before = old.get(key)
         if before is None or before.get("seeds") != entry["seeds"]:
@@ -57,7 +61,7 @@ def _carry_forward(rows: dict[str, dict[str, Any]], previous: dict[str, Any]) ->
 
             def carry(name: str, d: dict[str, Any] = d, narrow: set[str] = narrow) -> None:
                 d.setdefault("carried", []).append(name)
-                if other_procedure or name in narrow:
+                if questions_only or name in narrow:
                     d.setdefault("carried_questions_only", []).append(name)
 
             for ci in ("conf_ece_pooled_ci", "semantic_ece_pooled_ci"):
