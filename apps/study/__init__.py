@@ -7,6 +7,10 @@ cells and summarised over seeds with a hierarchical bootstrap.
     python -m apps.study calm-dynamics --publish docs/results/calm-dynamics   # the small files
     python -m apps.study laptop --figures docs/img/laptop   # pooled reliability diagrams, curves
 
+One process writes into a study root at a time (``apps.lock``): a second study, summary or
+publish of the same root (or into the same destination) is refused with the holder's pid and
+start time; a killed holder's lock is taken over.
+
 Seeds vary training (LoRA init, batch order, dropout) while ``--split-seed`` keeps the questions
 fixed, so the same questions are scored in every cell and the summary can pair them.
 

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 from pathlib import Path
 
 import apps.study as package
+from apps.lock import LockedError, locked
 from apps.study import figures
-from apps.study.catalogue import STUDIES
+from apps.study.catalogue import STUDIES, Study
 from apps.study.publish import publish
 from apps.study.runner import run
 from apps.study.summary import summarize
@@ -33,6 +35,34 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     study = STUDIES[a.name]
     root = Path(a.root or f"runs/study-{study.name}")
+    if a.dry_run:  # reads only
+        return run(study, root, dry_run=True)
+    reads_only = a.summarize or a.publish or a.figures
+    if reads_only and not root.is_dir():
+        print(f"python -m apps.study: no study at {root} (not a folder); run `python -m apps.study "
+              f"{study.name}` first, or pass the folder of its cells with --root", file=sys.stderr)
+        return 2
+    for dest in (a.publish, a.figures):
+        if dest and Path(dest).resolve() == root.resolve():
+            print(f"python -m apps.study: the destination {dest} is the study root itself; name "
+                  f"another folder (e.g. docs/results/{study.name})", file=sys.stderr)
+            return 2
+    try:
+        # one process writes into a study root (and a publish destination) at a time: a second
+        # study, summary or publish is refused naming the holder instead of mixing the files
+        with contextlib.ExitStack() as held:
+            held.enter_context(locked(root, what="study root"))
+            for dest in (a.publish, a.figures):
+                if dest:
+                    held.enter_context(locked(dest, what=f"destination of study {study.name}"))
+            return _act(a, study, root)
+    except LockedError as e:
+        print(f"python -m apps.study: {e}", file=sys.stderr)
+        return 2
+
+
+def _act(a: argparse.Namespace, study: Study, root: Path) -> int:
+    """What the parsed command line asks of ``study`` under ``root``, with the locks held."""
     if a.figures:
         if not study.figure_rows:
             print(f"study {study.name} names no figure_rows: no reliability diagrams", file=sys.stderr)
@@ -51,11 +81,9 @@ def main(argv: list[str] | None = None) -> int:
         summarize(study, root, n_boot=a.n_boot)
         print((root / "study.md").read_text())
         return 0
-    rc = run(study, root, dry_run=a.dry_run)
-    if not a.dry_run:
-        summarize(study, root, n_boot=a.n_boot)
+    rc = run(study, root)
+    summarize(study, root, n_boot=a.n_boot)
     return rc
-
 
 if __name__ == "__main__":
     raise SystemExit(main())
