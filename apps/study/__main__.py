@@ -11,6 +11,7 @@ import apps.study as package
 from apps.lock import LockedError, locked
 from apps.study import figures
 from apps.study.catalogue import STUDIES, Study
+from apps.study.integrity import DamagedCell
 from apps.study.publish import publish
 from apps.study.runner import run
 from apps.study.summary import summarize
@@ -35,8 +36,6 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     study = STUDIES[a.name]
     root = Path(a.root or f"runs/study-{study.name}")
-    if a.dry_run:  # reads only
-        return run(study, root, dry_run=True)
     reads_only = a.summarize or a.publish or a.figures
     if reads_only and not root.is_dir():
         print(f"python -m apps.study: no study at {root} (not a folder); run `python -m apps.study "
@@ -48,6 +47,8 @@ def main(argv: list[str] | None = None) -> int:
                   f"another folder (e.g. docs/results/{study.name})", file=sys.stderr)
             return 2
     try:
+        if a.dry_run:  # reads only
+            return run(study, root, dry_run=True)
         # one process writes into a study root (and a publish destination) at a time: a second
         # study, summary or publish is refused naming the holder instead of mixing the files
         with contextlib.ExitStack() as held:
@@ -56,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
                 if dest:
                     held.enter_context(locked(dest, what=f"destination of study {study.name}"))
             return _act(a, study, root)
-    except LockedError as e:
+    except (LockedError, DamagedCell) as e:  # one line naming the folder or file and the fix
         print(f"python -m apps.study: {e}", file=sys.stderr)
         return 2
 

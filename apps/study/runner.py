@@ -18,6 +18,7 @@ from pathlib import Path
 from apps.calm_llm.config import Config, ConfigError, parse_args
 from apps.study.catalogue import Study, Variant
 from apps.study.estimates import estimate_s
+from apps.study.integrity import read_results
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,15 +56,11 @@ def cells(study: Study) -> list[Cell]:
 
 
 def done(run_dir: Path, cell: Cell) -> bool:
-    """Whether every requested method has its row in the cell's metrics.json."""
-    f = run_dir / "metrics.json"
-    if not f.is_file():
-        return False
-    try:
-        results = json.loads(f.read_text())["results"]
-    except (OSError, ValueError, KeyError):
-        return False
-    return all(m in results for m in cell.variant.methods)
+    """Whether every requested method has its row in the cell's metrics.json; a metrics.json
+    that cannot be read raises ``DamagedCell`` naming it (never counted as not run: a summary
+    would drop that seed silently, a rerun would start over a cell that finished)."""
+    results = read_results(run_dir)
+    return results is not None and all(m in results for m in cell.variant.methods)
 
 
 def run(study: Study, root: Path, *, dry_run: bool = False, python: str = sys.executable) -> int:

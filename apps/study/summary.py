@@ -21,6 +21,14 @@ import numpy as np
 from apps.study.answers import answer_metrics
 from apps.study.catalogue import Comparison, Study
 from apps.study.dynamics import dynamics
+from apps.study.integrity import (
+    RERUN,
+    DamagedCell,
+    cross_check,
+    finished_in_log,
+    read_results,
+    reading,
+)
 from apps.study.questions import load as load_questions
 from apps.study.report import markdown
 from apps.study.runner import Cell, cells, done
@@ -75,13 +83,16 @@ def _carry_forward(rows: dict[str, dict[str, Any]], previous: dict[str, Any]) ->
                     carry(f"vs {base}")
 
 
-def _add_cell(rows: dict[str, dict[str, Any]], c: Cell, run_dir: Path) -> None:
+def _add_cell(rows: dict[str, dict[str, Any]], c: Cell, run_dir: Path) -> bool:
     """One finished cell's rows into ``rows``: each metric's per-seed value, the question-level
     predictions (option probabilities or open-QA answers, when kept) and the training dynamics,
-    by ``variant/row`` and dataset."""
-    results = json.loads((run_dir / "metrics.json").read_text())["results"]
-    questions = load_questions(run_dir)
-    answers = answer_metrics(run_dir)  # open QA: the modal answers scored beside --match
+    by ``variant/row`` and dataset. The metrics are first checked against the predictions
+    (``integrity.cross_check``); returns whether there were predictions to check them with."""
+    results = read_results(run_dir) or {}  # a finished cell: not None
+    checked = cross_check(run_dir, results)
+    with reading(run_dir):
+        questions = load_questions(run_dir)
+        answers = answer_metrics(run_dir)  # open QA: the modal answers scored beside --match
     for row, per_ds in results.items():
         key = f"{c.variant.name}/{row}"
         entry = rows.setdefault(key, {"variant": c.variant.name, "row": row, "seeds": [],
@@ -111,6 +122,7 @@ def _add_cell(rows: dict[str, dict[str, Any]], c: Cell, run_dir: Path) -> None:
             q = questions.get((row, ds))
             if q is not None:
                 d["_questions"].append(q)
+    return checked > 0
 
 
 @contextlib.contextmanager
@@ -201,11 +213,26 @@ def summarize(study: Study, root: Path, *, n_boot: int = 1000) -> dict[str, Any]
     row's metrics on ``n_boot`` resamples of its distinct drawn seeds (≈ S·n_boot·2 metric calls).
     """
     previous_file = root / "study.json"
-    previous = json.loads(previous_file.read_text()) if previous_file.is_file() else {}
+    try:
+        previous = json.loads(previous_file.read_text()) if previous_file.is_file() else {}
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise DamagedCell(f"{previous_file} is unreadable ({e}); restore it (git checkout, for a "
+                          f"published study) or delete it: the numbers it carries for cells "
+                          f"published without predictions are then left out") from e
     rows: dict[str, dict[str, Any]] = {}
+    unchecked, unfinished = [], []
+    logged = finished_in_log(root)
     for c in cells(study):
-        if done(root / c.name, c):
-            _add_cell(rows, c, root / c.name)
+        run_dir = root / c.name
+        if done(run_dir, c):
+            if not _add_cell(rows, c, run_dir):
+                unchecked.append(c.name)
+        elif c.name in logged:  # finished once: a file lost since, never a seed dropped silently
+            raise DamagedCell(
+                f"{run_dir / 'metrics.json'} is missing or lacks a row of {list(c.variant.methods)}, "
+                f"but {root / 'cells.jsonl'} records cell {c.name} as finished; {RERUN}")
+        elif run_dir.exists():
+            unfinished.append(c.name)
     _seed_statistics(rows, study)
     pairs = _Pairs(rows, n_boot)
     _question_statistics(rows, study, pairs)
@@ -222,7 +249,10 @@ def summarize(study: Study, root: Path, *, n_boot: int = 1000) -> dict[str, Any]
            "variants": {v.name: {"methods": list(v.methods), "args": list(v.args), "note": v.note}
                         for v in study.variants},
            "common": list(study.common), "baselines": list(study.baselines),
-           "chance_table": study.chance_table}
+           "chance_table": study.chance_table,
+           # cells whose metrics.json had no predictions to be checked against (published
+           # before they were kept), and cells begun but not finished (left out)
+           "unchecked_cells": unchecked, "unfinished_cells": unfinished}
     (root / "study.json").write_text(json.dumps(out, indent=1))
     (root / "study.md").write_text(markdown(out))
     return out
