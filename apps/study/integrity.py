@@ -2,10 +2,11 @@
 
 A finished cell's ``metrics.json`` is what the study's means and standard deviations average,
 and its question-level predictions are what the intervals resample; ``cross_check`` recomputes
-the first from the second with the run's own metric functions (``evaluate.dataset_metrics`` for
-multiple choice, ``open_qa.score.dataset_metrics`` for open QA, ``n_boot=0``: the point values
-only) and refuses any disagreement, naming the cell, row, dataset, metric and both values. A
-file that cannot be read (cut short, garbled, hand-edited into something else) raises
+the first from the second with the run's own metric functions (those of
+``evaluate.dataset_metrics`` for multiple choice, less the smooth ECE the summary does not read;
+``open_qa.score.dataset_metrics`` for open QA with ``n_boot=0``) and refuses any disagreement,
+naming the cell, row, dataset, metric and both values. A file that cannot be read (cut
+short, garbled, hand-edited into something else) raises
 ``DamagedCell`` with its path and what to do; so does a cell the study's log (``cells.jsonl``)
 records as finished whose ``metrics.json`` is gone.
 
@@ -138,21 +139,33 @@ def _recomputed(run_dir: Path, saved: tuple[Mapping[str, Any], Mapping[str, Any]
             f"confidences/{kind}/semantic_ece": c["semantic_ece"]
             for kind, c in out["confidences"].items() if "semantic_ece" in c},
             "confidences/semantic/mean_confidence": out["confidences"]["semantic"].get("mean_confidence")}
-    from apps.calm_llm import evaluate
-
     f = run_dir / "predictions.safetensors"
     if not tensors:
         if full_run:
             raise DamagedCell(f"{f} is missing although {run_dir / 'metrics.json'} has results "
                               f"(a run writes both); {RESULTS_FIX}")
         return {}
-    t = tensors
-    if f"{row}/{ds}/probs" not in t or f"{row}/{ds}/labels" not in t:
+    if f"{row}/{ds}/probs" not in tensors or f"{row}/{ds}/labels" not in tensors:
         raise DamagedCell(f"{f} holds no predictions of {row} on {ds} although "
                           f"{run_dir / 'metrics.json'} has its results; {RESULTS_FIX}")
-    out = evaluate.dataset_metrics(t[f"{row}/{ds}/probs"], t[f"{row}/{ds}/labels"], domain=domain,
-                                   n_bins=n_bins, n_boot=0)
-    return {k: out[k] for k in OPTION_CHECKED}
+    return _option_metrics(tensors[f"{row}/{ds}/probs"], tensors[f"{row}/{ds}/labels"], n_bins)
+
+
+def _option_metrics(probs: Any, labels: Any, n_bins: int) -> dict[str, Any]:
+    """``OPTION_CHECKED`` as ``evaluate.dataset_metrics`` computes them (float64, the absent
+    option slots trimmed, the same metric functions), without the metrics the summary does not
+    read: smooth ECE alone costs ~20x the rest (a kernel over every pair of questions)."""
+    import torch
+
+    from apps.calm_llm.evaluate import _trim_absent_tail
+    from calibration import metrics
+
+    y = torch.as_tensor(labels).to("cpu", torch.int64)
+    p = _trim_absent_tail(torch.as_tensor(probs).to("cpu", torch.float64), y)
+    return {"n": int(p.shape[0]), "accuracy": metrics.accuracy(p, y),
+            "conf_ece": metrics.conf_ece(p, y, n_bins=n_bins), "cw_ece": metrics.cw_ece(p, y, n_bins=n_bins),
+            "brier": metrics.brier(p, y), "nll": metrics.nll(p, y),
+            "mean_confidence": metrics.mean_confidence(p)}
 
 
 def _saved(r: Mapping[str, Any], key: str) -> Any:
