@@ -7,6 +7,7 @@ import lzma
 from pathlib import Path
 
 from apps.study.catalogue import Study
+from apps.study.integrity import cross_check, read_results
 from apps.study.runner import cells, done
 
 # what a published cell keeps: its inputs, its numbers, its curves, and the option probabilities
@@ -18,7 +19,8 @@ PUBLISHED = ("config.json", "metrics.json", "results.md", "predictions.safetenso
 def publish(study: Study, root: Path, dest: Path) -> list[Path]:
     """Copy the small files of every finished cell, ``study.json``/``study.md`` and
     ``cells.jsonl`` from ``root`` to ``dest`` (e.g. ``docs/results/<study>``); returns the
-    files written."""
+    files written. A cell whose metrics.json disagrees with its predictions, or cannot be read,
+    raises ``integrity.DamagedCell`` before it is copied."""
     import shutil
 
     from apps.calm_llm.open_qa.score import PREDICTIONS as OPEN_QA_RECORDS
@@ -28,6 +30,7 @@ def publish(study: Study, root: Path, dest: Path) -> list[Path]:
         src = root / c.name
         if not done(src, c):
             continue
+        cross_check(src, read_results(src) or {})  # a damaged cell is named, never published
         names = [*PUBLISHED, *sorted(p.name for p in src.glob("history_*.jsonl"))]
         for name in names:
             if (src / name).is_file():

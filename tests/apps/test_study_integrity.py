@@ -257,3 +257,12 @@ def test_every_published_cell_agrees_with_its_saved_predictions(name):
     assert checked == expected[name]
     assert all(c.split("-seed")[0] in ("nll", "old", "sgd", "upper") for c in unchecked)
     assert len(unchecked) == (12 if name == "calm-dynamics" else 0)
+
+
+def test_a_damaged_cell_is_not_published(built, tmp_path):
+    root = tmp_path / "root"
+    shutil.copytree(built[MC.name], root)
+    _edit("v-seed1", _set("sft", "sciq", "conf_ece", 0.05))(root)
+    with pytest.raises(DamagedCell, match="conf_ece of sft on sciq is 0.05"):
+        S.publish(MC, root, tmp_path / "published")
+    assert not (tmp_path / "published" / "v-seed1").exists()
