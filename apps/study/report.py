@@ -159,6 +159,11 @@ def markdown(summary: dict[str, Any]) -> str:
     p = share of resamples in which the row is not better); then the primary comparisons with
     their Holm-adjusted p-values."""
     lines = [f"# Study {summary['study']}", "", summary["description"], "", PROCEDURE_NOTE, ""]
+    if summary.get("unfinished_cells"):  # begun, not finished: left out of every number below
+        lines += [f"Left out, not finished: {', '.join(summary['unfinished_cells'])}.", ""]
+    if summary.get("unchecked_cells"):
+        lines += [f"Used without a check against saved predictions (none kept): "
+                  f"{', '.join(summary['unchecked_cells'])}.", ""]
     datasets: dict[str, str] = {}
     for e in summary["rows"].values():
         for ds, d in e["datasets"].items():

@@ -266,3 +266,16 @@ def test_a_damaged_cell_is_not_published(built, tmp_path):
     with pytest.raises(DamagedCell, match="conf_ece of sft on sciq is 0.05"):
         S.publish(MC, root, tmp_path / "published")
     assert not (tmp_path / "published" / "v-seed1").exists()
+
+
+def test_study_md_names_the_unfinished_and_unchecked_cells(built, tmp_path):
+    root = tmp_path / "root"
+    shutil.copytree(built[MC.name], root)
+    (root / "v-seed1" / "metrics.json").unlink()
+    (root / "cells.jsonl").unlink()
+    S.summarize(MC, root, n_boot=20)
+    assert "Left out, not finished: v-seed1." in (root / "study.md").read_text()
+    (root / "v-seed0" / "predictions.safetensors").unlink()
+    (root / "v-seed0" / "splits.json").unlink()  # as published
+    S.summarize(MC, root, n_boot=20)
+    assert "(none kept): v-seed0." in (root / "study.md").read_text()
