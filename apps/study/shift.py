@@ -11,6 +11,7 @@ the screen reports, from the untrained row's saved probabilities p (N, K):
 - T_opt, the temperature that minimizes NLL on the test set itself
   (``calibration.posthoc.fit_temperature`` on log p; the scaled probabilities are
   softmax(log p / T), which is softmax(z / T) of the logits z the run scored);
+- NLL at T_fit and at T_opt (TS's own objective: T_opt is its minimum);
 - conf-ECE at T = 1, at T_fit and at T_opt (in-sample: optimistic, T_opt saw the labels);
 - conf-ECE of a two-fold cross-fit of T_opt (each half scaled by the T fitted on the other),
   the honest "best temperature" reference; and a percentile bootstrap interval (questions
@@ -36,10 +37,11 @@ from typing import Any
 import numpy as np
 import torch
 
+from apps.lock import locked
 from apps.study.catalogue import STUDIES, Study
 from apps.study.integrity import cross_check, read_results
 from apps.study.runner import Cell, cells, done
-from calibration.metrics import accuracy, conf_ece
+from calibration.metrics import accuracy, conf_ece, nll
 from calibration.posthoc import fit_temperature
 
 # log 0 of a padded option slot: finite for the fit, still no mass after any T ≤ e^5
@@ -109,6 +111,8 @@ def _entry(fit: dict[str, Any], test: dict[str, Any], ds: str, n_bins: int) -> d
         "t_fit": t_fit, "t_opt": t_opt, "t_opt_halves": halves,
         "ece_t1": conf_ece(probs, y, n_bins=n_bins), "ece_t_fit": ece_fit,
         "ece_t_opt": conf_ece(scaled(probs, t_opt), y, n_bins=n_bins), "ece_cross_fit": ece_cf,
+        # TS's own objective: NLL at T_fit against its minimum (at T_opt, in-sample)
+        "nll_t_fit": nll(p_fit, y), "nll_t_opt": nll(scaled(probs, t_opt), y),
         "gap": ece_fit - ece_cf, "gap_ci": gap,
         "verdict": "TS fails" if gap[0] > 0 else "TS transfers",
     }
@@ -168,14 +172,16 @@ def screen(study: Study, root: Path, *, n_bins: int = 10) -> list[dict[str, Any]
 
 def markdown(rows: list[dict[str, Any]]) -> str:
     """The screen as a table (one row per fit/test pair)."""
-    head = ("| T fitted on | test set | shift | N | acc | T_fit | T_opt | ECE T=1 | ECE T_fit | "
-            "ECE T_opt (in-sample) | ECE T_opt (cross-fit) | ECE T_fit − cross-fit [95 %] | verdict |")
-    lines = [head, "|" + "---|" * 13]
+    head = ("| T fitted on | test set | shift | N | acc | T_fit | T_opt | NLL T_fit | NLL T_opt | "
+            "ECE T=1 | ECE T_fit | ECE T_opt (in-sample) | ECE T_opt (cross-fit) | "
+            "ECE T_fit − cross-fit [95 %] | verdict |")
+    lines = [head, "|" + "---|" * 15]
     for r in rows:
         lo, hi = r["gap_ci"]
         lines.append(
             f"| {r['fit_on']}, {r['fit_style']} | {r['test_set']} ({r['test_style']}) | {r['shift']} "
             f"| {r['n']} | {r['accuracy']:.3f} | {r['t_fit']:.2f} | {r['t_opt']:.2f} | "
+            f"{r['nll_t_fit']:.3f} | {r['nll_t_opt']:.3f} | "
             f"{r['ece_t1']:.3f} | {r['ece_t_fit']:.3f} | {r['ece_t_opt']:.3f} | "
             f"{r['ece_cross_fit']:.3f} | {r['gap']:+.3f} [{lo:+.3f}, {hi:+.3f}] | {r['verdict']} |")
     return "\n".join(lines) + "\n"
@@ -188,13 +194,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--root", required=True, help="folder of the study's cells")
     a = ap.parse_args(argv)
     root = Path(a.root)
+    if not root.is_dir():
+        print(f"python -m apps.study.shift: no study at {root} (not a folder)", file=sys.stderr)
+        return 2
     try:
-        rows = screen(STUDIES[a.study], root)
+        with locked(root, what="study root"):  # LockedError: a ValueError naming the holder
+            rows = screen(STUDIES[a.study], root)
+            (root / "shift.json").write_text(json.dumps(rows, indent=1))
+            (root / "shift.md").write_text(markdown(rows))
     except ValueError as e:  # DamagedCell included: one line naming the file
         print(f"python -m apps.study.shift: {e}", file=sys.stderr)
         return 2
-    (root / "shift.json").write_text(json.dumps(rows, indent=1))
-    (root / "shift.md").write_text(markdown(rows))
     print(markdown(rows))
     return 0
 

@@ -98,3 +98,23 @@ def test_a_study_with_nothing_finished_is_named(tmp_path):
         shift.screen(STUDY, tmp_path)
     assert shift.main(["--study", "laptop", "--root", str(tmp_path)]) == 2
     np.testing.assert_equal(list(tmp_path.iterdir()), [])
+
+
+def test_nll_at_t_opt_is_the_minimum_over_temperatures():
+    from calibration.metrics import nll
+
+    p, y = _draw(2000, 3.0, seed=5)
+    t = shift.optimal_temperature(p, y)
+    best = nll(shift.scaled(p, t), y)
+    assert all(best <= nll(shift.scaled(p, s), y) + 1e-12 for s in np.linspace(0.5, 10, 40))
+
+
+def test_the_published_screen_reproduces_from_its_raw_files():
+    """docs/results/ts-shift-screen/shift.json is what the screen computes from the committed
+    cells (docs/results.md, "Does temperature scaling fail ...")."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2] / "docs" / "results" / "ts-shift-screen"
+    rows = shift.screen(S.STUDIES["ts-shift-screen"], root)
+    assert json.dumps(rows) == json.dumps(json.loads((root / "shift.json").read_text()))
+    assert all(r["verdict"] == "TS transfers" for r in rows) and len(rows) == 10
