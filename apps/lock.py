@@ -12,10 +12,10 @@ is never in the way: the next holder takes it over and reports the dead holder i
 only; the kernel lock, not the file's contents, decides who holds it (so a reused pid cannot
 fake a holder). A clean release removes the file, so a left-over ``.lock`` names a killed holder.
 
-POSIX only (``fcntl``); flock is not reliable on some network file systems (NFS before Linux
-2.6.12 emulates it with fcntl byte-range locks, which is still exclusive across hosts). The lock
-is not re-entrant: a second ``locked`` of the same folder in the same process is refused too.
-Forked children (``multiprocessing`` with fork) share the holder's lock; subprocesses do not
+POSIX only (``fcntl``). On NFS, Linux (since 2.6.12) emulates flock with a byte-range lock
+on the whole file, which is exclusive across hosts; the recorded pid then names a process on
+the host the message gives. The lock is not re-entrant: a second ``locked`` of the same folder
+in the same process is refused too. Forked children (``multiprocessing`` with fork) share the holder's lock; subprocesses do not
 inherit it (Python opens files non-inheritable).
 """
 
