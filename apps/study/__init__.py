@@ -20,10 +20,13 @@ The modules, in the order a study flows through them:
 - ``runner``: a study's cells, each parsed by the run's own config parser, run in subprocesses;
 - ``estimates``: what a cell costs (``--dry-run``);
 - ``questions``: a cell's question-level predictions read back (``Questions``);
+- ``integrity``: a finished cell's metrics.json recomputed from its predictions, and every
+  unreadable file named (``DamagedCell``) instead of a seed dropped;
 - ``stats``: pooled intervals, paired differences and the primary family decided with Holm,
   from ``calibration.stats``'s hierarchical bootstrap (seeds, then questions);
 - ``summary`` and ``report``: ``study.json`` and ``study.md``; ``dynamics``: BOME's λ, α's range;
-- ``publish``: the small files into ``docs/results/``; ``figures``: pooled diagrams and curves.
+- ``publish``: the small files into ``docs/results/``; ``figures``: pooled diagrams and curves;
+- ``shift``: whether a temperature fitted in domain fails under a shift (``ts-shift-screen``).
 
 The summary reports, per variant and row, the mean ± standard deviation over seeds of each
 metric, the hierarchical bootstrap's 95 % interval of the calibration error (conf-ECE; open QA:
@@ -37,6 +40,7 @@ from __future__ import annotations
 from apps.study.catalogue import STUDIES, Comparison, FlopScale, Study, Variant
 from apps.study.dynamics import dynamics
 from apps.study.estimates import estimate_s
+from apps.study.integrity import DamagedCell, cross_check
 from apps.study.publish import PUBLISHED, publish
 from apps.study.questions import Questions
 from apps.study.report import markdown
@@ -51,7 +55,8 @@ from apps.study.stats import (
 from apps.study.summary import summarize
 
 __all__ = [
-    "PUBLISHED", "STUDIES", "Cell", "Comparison", "DatasetDraws", "FlopScale", "Questions",
-    "Study", "Variant", "against_chance", "cells", "decide", "done", "dynamics", "estimate_s",
+    "PUBLISHED", "STUDIES", "Cell", "Comparison", "DamagedCell", "DatasetDraws", "FlopScale",
+    "Questions", "Study", "Variant", "against_chance", "cells", "cross_check", "decide", "done",
+    "dynamics", "estimate_s",
     "markdown", "paired_difference", "pooled_interval", "publish", "run", "summarize",
 ]
