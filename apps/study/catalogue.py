@@ -185,7 +185,7 @@ TS_SHIFT_SCREEN = Study(
                       note="the paper's prompt"),
               Variant("chat", ("none", "ts"), ("--prompt-style", "chat"),
                       note="the model's chat template")),
-    # measured while 4 agents shared the 2 cores: 3.7 min for the paper cell
+    # from the paper cell, scored while the 2 cores were shared with other jobs: an upper bound
     step_s={"none": 0.0, "ts": 0.0}, question_s=0.15, run_s=15.0, questions=650,
 )
 
