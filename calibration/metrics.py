@@ -20,7 +20,6 @@ and B_k the samples whose confidence falls in bin k:
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -31,6 +30,7 @@ import torch
 from calibration._checks import check_n_bins, check_probs, check_probs_labels
 from calibration.binning import Binning, bin_index, mass_edges, width_edges
 from calibration.smooth_ece import smooth_ece_binary
+from calibration.stats import Resampler, check_level, percentile_interval
 
 __all__ = [
     "Interval",
@@ -208,24 +208,14 @@ def percentile_bootstrap(
     skip_nan: bool = False,
 ) -> Interval:
     """The resampling of `bootstrap` on two validated row-aligned tensors (N, ...) and (N, ...):
-    ``n`` draws of N rows with replacement from ``numpy.random.default_rng(seed)``, the metric's
-    ((1 − level)/2, (1 + level)/2) quantiles; ``skip_nan`` leaves NaN resamples out (NaN bounds
-    when every resample is NaN)."""
-    if not isinstance(n, int) or n < 1:
-        raise ValueError(f"n (number of resamples) must be a positive integer, got {n!r}")
-    if not 0.0 < level < 1.0:
-        raise ValueError(f"level must lie in (0, 1), got {level!r}")
-    rng = np.random.default_rng(seed)
-    size = a.shape[0]
-    values = np.empty(n, dtype=np.float64)
-    for k in range(n):
-        idx = torch.from_numpy(rng.integers(0, size, size=size))
-        values[k] = metric(a[idx], b[idx])
-    if skip_nan:
-        values = values[~np.isnan(values)]
-    tail = (1.0 - level) / 2.0
-    low, high = np.quantile(values, [tail, 1.0 - tail]) if values.size else (math.nan, math.nan)
-    return Interval(estimate=float(metric(a, b)), low=float(low), high=float(high))
+    the one-seed case of ``calibration.stats.Resampler`` (``n`` draws of N rows with replacement
+    from ``numpy.random.default_rng(seed)``) and its ``percentile_interval`` at ``level``;
+    ``skip_nan`` leaves NaN resamples out (NaN bounds when every resample is NaN)."""
+    check_level(level)  # before the n draws, not after
+    draws = Resampler(a.shape[0], n=n, seed=seed)
+    values = draws.values(lambda _, idx: metric(a[torch.from_numpy(idx)], b[torch.from_numpy(idx)]))
+    low, high = percentile_interval(values, level, skip_nan=skip_nan)
+    return Interval(estimate=float(metric(a, b)), low=low, high=high)
 
 
 @dataclass(frozen=True)

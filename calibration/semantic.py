@@ -8,7 +8,9 @@ them into clusters of equivalent answers, and take
 - split-half  = mean over S random splits of the n samples into halves A, B of the share of B
   that falls in A's largest cluster                           (`split_half_confidence`)
 - correctness = the modal answer (a representative of the largest cluster) matches a gold
-  alias after normalization                                    (`modal_answer`, `matches`)
+  alias after normalization                                    (`modal_answer`, `matches`);
+  ``matches(..., question=q)`` leaves out the aliases the question itself contains (no credit
+  for repeating the question), and `token_f1` is the SQuAD/TriviaQA token F1 reported beside it
 - Semantic-ECE = Σ_k (|B_k|/N) |acc(B_k) − conf(B_k)| over N questions, 10 equal-width bins
   of the confidence (`semantic_ece`; the bins of `calibration.binning`)
 
@@ -70,6 +72,7 @@ __all__ = [
     "semantic_summary",
     "sequence_probability",
     "split_half_confidence",
+    "token_f1",
 ]
 
 # ---- normalization --------------------------------------------------------------------------
@@ -119,11 +122,17 @@ def normalize_answer(
     return " ".join(out.split())
 
 
+def _occurs(phrase: str, text: str) -> bool:
+    """Whether the normalized ``phrase`` occurs in the normalized ``text`` as whole words."""
+    return f" {phrase} " in f" {text} "
+
+
 def matches(
     answer: str,
     aliases: Sequence[str],
     *,
     mode: Literal["exact", "contains"] = "exact",
+    question: str | None = None,
     **normalize: Any,
 ) -> bool:
     """Whether ``answer`` matches one of the gold ``aliases`` after `normalize_answer`.
@@ -131,8 +140,12 @@ def matches(
     ``mode="exact"``: the normalized answer equals a normalized alias (TriviaQA's exact match).
     ``mode="contains"``: a normalized alias occurs in the normalized answer as whole words
     ("it was paris in 1900" contains "paris"), for models that answer in a sentence.
-    An answer that normalizes to "" ("The.") matches nothing, even an alias that also normalizes
-    to "" (the band "The The"). ``normalize`` is passed to `normalize_answer`.
+    ``question``: aliases that occur (whole words, normalized) in the question do not count, so
+    an answer is not credited for repeating the question ("Which Cuban city is Havana's rival?"
+    answered "the Cuban city of Havana" does not contain the alias "Havana"); a question whose
+    every alias occurs in it can then match nothing. An answer that normalizes to "" ("The.")
+    matches nothing, even an alias that also normalizes to "" (the band "The The").
+    ``normalize`` is passed to `normalize_answer`.
     """
     if isinstance(aliases, str):
         raise TypeError("aliases must be a sequence of strings, not one string")
@@ -140,12 +153,38 @@ def matches(
     if not norm:
         return False
     golds = {normalize_answer(a, **normalize) for a in aliases} - {""}
+    if question is not None:
+        asked = normalize_answer(question, **normalize)
+        golds = {g for g in golds if not _occurs(g, asked)}
     if mode == "exact":
         return norm in golds
     if mode == "contains":
-        padded = f" {norm} "
-        return any(f" {g} " in padded for g in golds)
+        return any(_occurs(g, norm) for g in golds)
     raise ValueError(f"mode must be 'exact' or 'contains', got {mode!r}")
+
+
+def token_f1(answer: str, aliases: Sequence[str], **normalize: Any) -> float:
+    """The SQuAD / TriviaQA token F1 of ``answer`` against its best gold alias.
+
+    With P and G the multisets of whitespace tokens of the normalized answer and of a normalized
+    alias, c = |P ∩ G| (multiset intersection): precision c/|P|, recall c/|G|,
+    F1 = 2·precision·recall/(precision + recall), 0 when c = 0; the maximum over the aliases
+    (Rajpurkar et al. 2016, SQuAD v1.1's evaluation script; TriviaQA's, Joshi et al. 2017, is the
+    same with punctuation replaced by spaces, this function's default). An empty normalized
+    answer scores 0, and so does an alias that normalizes to "". Cost O(Σ |alias| + |answer|).
+    ``normalize`` is passed to `normalize_answer`.
+    """
+    if isinstance(aliases, str):
+        raise TypeError("aliases must be a sequence of strings, not one string")
+    predicted = Counter(normalize_answer(answer, **normalize).split())
+    best = 0.0
+    for alias in aliases:
+        gold = Counter(normalize_answer(alias, **normalize).split())
+        common = sum((predicted & gold).values())
+        if common:
+            precision, recall = common / sum(predicted.values()), common / sum(gold.values())
+            best = max(best, 2 * precision * recall / (precision + recall))
+    return best
 
 
 # ---- clustering ----------------------------------------------------------------------------

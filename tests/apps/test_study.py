@@ -20,6 +20,8 @@ TINY = S.Study(
               S.Variant("sft", ("sft",), note="plain fine-tuning")),
     step_s={"sft": 1.0}, question_s=0.01, run_s=1.0, questions=24, baselines=("sft/sft",),
     chance_table=True,
+    primary=(S.Comparison("reference/none", "sft/sft", "sciq", "error", "fine-tuning calibrates"),
+             S.Comparison("sft/sft", "reference/none", "arc_easy", "accuracy", "it transfers")),
 )
 
 
@@ -69,9 +71,17 @@ def test_cells_run_skip_and_summarize(tmp_path, capsys):
     assert vs["diff"] == pytest.approx(none["mean"]["conf_ece"] - d["mean"]["conf_ece"])
     assert vs["ci"][0] <= vs["ci"][1] and 0.0 <= vs["p_not_better"] <= 1.0
     assert "sft/sft" not in d["vs"]  # a baseline is not compared with itself
+    # the primary family: the same paired numbers, Holm-adjusted together
+    first, second = out["primary"]
+    assert first["diff"] == vs["diff"] and first["ci"] == vs["ci"] and first["p"] == vs["p"]
+    from calibration.stats import holm
+
+    assert [first["p_holm"], second["p_holm"]] == pytest.approx(list(holm([first["p"], second["p"]])))
+    assert all(e["verdict"] in ("cannot tell", "row lower", "row higher") for e in out["primary"])
+    assert "## Primary comparisons" in (root / "study.md").read_text()
 
     # figures pool the seeds' predictions: 2 seeds x 8 questions, in seed order
-    from apps import study_figures
+    from apps.study import figures as study_figures
 
     pooled = study_figures._pooled(TINY, root, "sft/sft")["sciq"]
     from safetensors.torch import load_file
@@ -99,10 +109,28 @@ def test_cells_run_skip_and_summarize(tmp_path, capsys):
     assert d2["carried"] == ["conf_ece_pooled_ci"]
     assert again["rows"]["reference/none"]["datasets"]["sciq"]["vs"] == none["vs"]
     assert "†" in (dest / "study.md").read_text()
+    # numbers carried from a summary of the earlier question-only bootstrap (no "procedure") are
+    # marked as narrower (‡), and stay marked when carried again
+    earlier = json.loads((dest / "study.json").read_text())
+    del earlier["procedure"]
+    (dest / "study.json").write_text(json.dumps(earlier))
+    for _ in range(2):
+        marked = S.summarize(TINY, dest, n_boot=50)["rows"]["sft/sft"]["datasets"]["sciq"]
+        assert marked["carried_questions_only"] == ["conf_ece_pooled_ci"]
+        assert "]‡" in (dest / "study.md").read_text()
     # with no earlier summary there is nothing to carry: the metrics alone
     (dest / "study.json").unlink()
     bare = S.summarize(TINY, dest, n_boot=50)["rows"]["sft/sft"]["datasets"]["sciq"]
     assert "conf_ece_pooled_ci" not in bare and bare["vs"] == {} and bare["mean"] == d["mean"]
+
+
+def test_cells_are_parsed_by_the_run_config_and_a_bad_one_names_itself():
+    from apps.calm_llm.config import ConfigError
+
+    cfg = S.cells(TINY)[1].config(TINY)
+    assert cfg.train.steps == 2 and cfg.seed == 0 and list(cfg.methods) == ["sft"]
+    with pytest.raises(ConfigError, match="study tiny, cell bad-seed0: .*--steps"):
+        S.Cell(S.Variant("bad", ("sft",), ("--steps", "0")), 0).config(TINY)
 
 
 def test_pooled_interval_resamples_questions_jointly():
@@ -114,8 +142,37 @@ def test_pooled_interval_resamples_questions_jointly():
     mean = np.mean([conf_ece(torch.from_numpy(p), torch.from_numpy(labels)) for p in probs])
     assert lo < mean < hi
     # identical seeds: the pooled interval is the single-seed bootstrap of the same resamples
+    # (the seed draws come from their own stream, so the question draws are the same)
     same = S.pooled_interval(seeds[:1] * 3, n_boot=200)
     assert same == pytest.approx(S.pooled_interval(seeds[:1], n_boot=200))
+    # one seed: exactly the per-run interval of calibration.metrics.bootstrap, same rng seed
+    from calibration.metrics import bootstrap
+
+    iv = bootstrap(conf_ece, probs[0], labels, n=200, seed=0)
+    assert S.pooled_interval(seeds[:1], n_boot=200) == (iv.low, iv.high)
+
+
+def test_seed_variance_widens_the_pooled_interval_and_shared_seeds_pair_rows():
+    rng = np.random.default_rng(4)
+    labels = rng.integers(0, 2, 200)
+
+    def seed_probs(shift: float) -> np.ndarray:  # a seed's confidence offset: seed variance
+        p = np.clip(0.6 + shift + 0.1 * rng.standard_normal(200), 0.5, 0.99)
+        return np.stack([np.where(labels == 0, p, 1 - p), np.where(labels == 0, 1 - p, p)], 1)
+
+    varied = [S.Questions.options(seed_probs(s), labels) for s in (-0.15, 0.0, 0.15)]
+    lo, hi = S.pooled_interval(varied, n_boot=200)
+    draws = S.DatasetDraws(200, n_boot=200)
+    fixed = [draws.values(("row", k), [q], [0])["error"] for k, q in enumerate(varied)]
+    # the question-only interval of the seed mean: the same question draws, seeds held fixed
+    question_only = np.quantile(np.mean(fixed, axis=0), [0.025, 0.975])
+    assert hi - lo > 1.5 * (question_only[1] - question_only[0])
+    # a row against a copy of itself run with the same seeds: identical draws, exactly 0
+    same = S.paired_difference(varied, varied, n_boot=50, labels=((0, 1, 2), (0, 1, 2)))
+    assert same["conf_ece"]["ci"] == [0.0, 0.0] and same["conf_ece"]["p"] == 1.0
+    # the same predictions under other seed labels: independent seed draws, no longer 0
+    other = S.paired_difference(varied, varied, n_boot=50, labels=((0, 1, 2), (3, 4, 5)))
+    assert other["conf_ece"]["diff"] == 0.0 and other["conf_ece"]["ci"][1] > 0.0
 
 
 def test_paired_difference_of_a_row_with_itself_is_exactly_zero():
@@ -264,7 +321,7 @@ def test_open_qa_cells_pair_rows_on_their_saved_records(tmp_path):
     md = (tmp_path / "study.md").read_text()
     assert "Δ Semantic-ECE vs VARIANT/ts" in md and f"{vs['diff']:+.3f}" in md
     # the pooled diagram draws open QA's rows by their semantic-cluster confidence
-    from apps import study_figures
+    from apps.study import figures as study_figures
 
     x, y, n_seeds, kind = study_figures._pooled(study, tmp_path, "v/sft")["trivia_qa"]
     assert kind == "binary" and n_seeds == 2 and x.shape == y.shape == (40,)
@@ -306,7 +363,7 @@ def test_flop_scaled_estimate_of_a_gpu_study():
 
 
 def test_smoothing_keeps_the_length_and_skips_missing_steps():
-    from apps.study_figures import _smooth
+    from apps.study.figures import _smooth
 
     assert np.allclose(_smooth(np.array([3.0, 1.0]), 5), [2.0, 2.0])  # shorter than the window
     y = np.array([1.0, np.nan, 3.0, 5.0, np.nan, np.nan, np.nan])
@@ -323,3 +380,71 @@ def test_rcft_e_steps_are_counted_in_the_estimate():
     once, every10 = (S.estimate_s(base, S.Cell(v, 0)) for v in base.variants)
     # E-steps at k = 0, 10, ..., 50: six passes over 100 questions at 0.1 s against one
     assert every10 - once == pytest.approx(5 * 100 * 0.1)
+
+
+@pytest.mark.slow
+def test_the_published_open_qa_study_reproduces_from_its_raw_files(tmp_path):
+    """docs/results/laptop-open-qa: the committed summary is what --summarize computes from the
+    committed cells (every interval, p-value and Holm decision), so the published numbers are
+    the procedure's, not edited ones."""
+    import shutil
+    from pathlib import Path
+
+    src = Path(__file__).resolve().parents[2] / "docs" / "results" / "laptop-open-qa"
+    published = json.loads((src / "study.json").read_text())
+    root = tmp_path / "oq"
+    shutil.copytree(src, root)
+    (root / "study.json").unlink()  # nothing carried: recomputed from the sampled answers
+    again = S.summarize(S.STUDIES["laptop-open-qa"], root, n_boot=published["n_boot"])
+    assert again["procedure"] == published["procedure"]
+    assert again["primary"] == published["primary"]
+    # as JSON: an undefined AUROC is NaN, which never equals itself in a dict comparison
+    assert json.dumps(again["rows"]) == json.dumps(published["rows"])
+
+
+def test_open_qa_answers_are_scored_without_question_echoes_and_by_em_and_f1(tmp_path):
+    from apps.calm_llm.open_qa import score
+
+    def rec(i, question, answers, modal, right):
+        return score.QuestionRecord(id=f"q{i}", question=question, answers=answers,
+                                    samples=[modal] * 4, cluster_ids=[0] * 4, modal_answer=modal,
+                                    modal_correct=right, greedy=modal, greedy_logprobs=[-0.5],
+                                    greedy_correct=right)
+
+    recs = [rec(0, "Which Cuban city is Havana's rival?", ["Havana", "Santiago de Cuba"],
+                "the city of Havana", True),  # right by `contains` only through the echo
+            rec(1, "Capital of France?", ["Paris"], "Paris", True),
+            rec(2, "Largest planet?", ["Jupiter"], "Saturn", False)]
+    results = {"none": {"trivia_qa": score.dataset_metrics(recs, domain="id", n_bins=10, n_boot=0)}}
+    score.write_results(tmp_path / "v-seed0", results, {"none": {"trivia_qa": recs}}, n_bins=10,
+                        plots=False)
+    study = S.Study(name="oq", description="open QA", common=(), seeds=(0,),
+                    variants=(S.Variant("v", ("none",)),), step_s={}, question_s=0.0, run_s=0.0,
+                    questions=0)
+    d = S.summarize(study, tmp_path, n_boot=20)["rows"]["v/none"]["datasets"]["trivia_qa"]["mean"]
+    assert d["accuracy"] == pytest.approx(2 / 3)  # the run's own `contains`
+    assert d["accuracy_no_echo"] == pytest.approx(1 / 3) and d["echo_credited"] == pytest.approx(1 / 3)
+    assert d["exact_match"] == pytest.approx(1 / 3)
+    # F1 of "city of havana" against "havana": P = 1/3, R = 1 -> 0.5; then 1 and 0
+    assert d["token_f1"] == pytest.approx((0.5 + 1.0 + 0.0) / 3)
+    assert "| accuracy, no question echo | EM | token F1 |" in (tmp_path / "study.md").read_text()
+
+
+def test_published_per_run_intervals_are_the_one_seed_bootstrap_bit_for_bit():
+    """The conf-ECE and cw-ECE intervals a laptop run wrote into metrics.json (before the
+    hierarchical bootstrap existed) are recomputed exactly from its saved probabilities: the
+    one-seed case draws what the per-run bootstrap drew."""
+    from pathlib import Path
+
+    from safetensors.torch import load_file
+
+    from apps.calm_llm.evaluate import dataset_metrics
+
+    cell = Path(__file__).resolve().parents[2] / "docs" / "results" / "laptop" / "reference-seed0"
+    saved = json.loads((cell / "metrics.json").read_text())["results"]
+    preds = load_file(str(cell / "predictions.safetensors"))
+    for row in ("none", "ts"):
+        for ds, r in saved[row].items():
+            out = dataset_metrics(preds[f"{row}/{ds}/probs"].double(), preds[f"{row}/{ds}/labels"],
+                                  domain=r["domain"], n_bins=r["n_bins"], n_boot=r["n_boot"], seed=0)
+            assert out["conf_ece_ci"] == r["conf_ece_ci"] and out["cw_ece_ci"] == r["cw_ece_ci"]

@@ -18,6 +18,9 @@ from typing import Any
 
 import numpy as np
 
+from apps.study.questions import load as load_questions
+from apps.study.runner import cells, done
+
 # the CE a method descends on its training batch where it records one apart from its total (the
 # bilevel methods' lower level, RCFT's SFT term), else its own training loss
 LOSS_KEYS = ("lower_loss", "sft_loss", "loss")
@@ -28,14 +31,12 @@ def _pooled(study: Any, root: Path, key: str) -> dict[str, tuple[np.ndarray, np.
     question-level predictions, seeds concatenated in order: option probabilities (S·N, K) and
     labels (S·N,) for multiple choice (kind ``options``), the semantic-cluster confidence and
     modal correctness (S·N,) for open QA (kind ``binary``)."""
-    from apps import study as st
-
     variant, row = key.split("/", 1)
     per_ds: dict[str, list[Any]] = {}
-    for c in st.cells(study):
-        if c.variant.name != variant or not st.done(root / c.name, c):
+    for c in cells(study):
+        if c.variant.name != variant or not done(root / c.name, c):
             continue
-        for (r, ds), q in st._questions(root / c.name).items():
+        for (r, ds), q in load_questions(root / c.name).items():
             if r == row:
                 per_ds.setdefault(ds, []).append(q)
     return {ds: (np.concatenate([q.x for q in qs]), np.concatenate([q.y for q in qs]), len(qs),
@@ -82,12 +83,11 @@ def training_curves(study: Any, root: Path, dest: Path, *, window: int = 5) -> P
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    from apps import study as st
     from apps.calm_llm.history import read_history
 
     losses: dict[str, list[np.ndarray]] = {}
-    for c in st.cells(study):
-        if not st.done(root / c.name, c):
+    for c in cells(study):
+        if not done(root / c.name, c):
             continue
         for h in sorted((root / c.name).glob("history_*.jsonl")):
             steps = read_history(h)

@@ -1,0 +1,90 @@
+"""``python -m apps.study NAME [--dry-run | --summarize | --publish DEST | --figures DEST]``."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import sys
+from pathlib import Path
+
+import apps.study as package
+from apps.lock import LockedError, locked
+from apps.study import figures
+from apps.study.catalogue import STUDIES, Study
+from apps.study.integrity import DamagedCell
+from apps.study.publish import publish
+from apps.study.runner import run
+from apps.study.summary import summarize
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The command line; returns the exit status."""
+    ap = argparse.ArgumentParser(prog="python -m apps.study",
+                                 description=(package.__doc__ or "").split("\n\n")[0])
+    ap.add_argument("name", choices=sorted(STUDIES))
+    ap.add_argument("--root", default="", help="folder of the cells (default: runs/study-NAME)")
+    ap.add_argument("--dry-run", action="store_true", help="print the cells and estimated time")
+    ap.add_argument("--summarize", action="store_true",
+                    help="only write study.json/study.md from the finished cells")
+    ap.add_argument("--n-boot", type=int, default=1000, help="resamples of the hierarchical bootstrap")
+    ap.add_argument("--publish", default="", metavar="DEST",
+                    help="copy the finished cells' small files and the summary to DEST "
+                         "(e.g. docs/results/NAME) and exit")
+    ap.add_argument("--figures", default="", metavar="DEST",
+                    help="write the pooled reliability diagrams and training curves of the "
+                         "finished cells to DEST (e.g. docs/img/NAME) and exit")
+    a = ap.parse_args(argv)
+    study = STUDIES[a.name]
+    root = Path(a.root or f"runs/study-{study.name}")
+    reads_only = a.summarize or a.publish or a.figures
+    if reads_only and not root.is_dir():
+        print(f"python -m apps.study: no study at {root} (not a folder); run `python -m apps.study "
+              f"{study.name}` first, or pass the folder of its cells with --root", file=sys.stderr)
+        return 2
+    for dest in (a.publish, a.figures):
+        if dest and Path(dest).resolve() == root.resolve():
+            print(f"python -m apps.study: the destination {dest} is the study root itself; name "
+                  f"another folder (e.g. docs/results/{study.name})", file=sys.stderr)
+            return 2
+    try:
+        if a.dry_run:  # reads only
+            return run(study, root, dry_run=True)
+        # one process writes into a study root (and a publish destination) at a time: a second
+        # study, summary or publish is refused naming the holder instead of mixing the files
+        with contextlib.ExitStack() as held:
+            held.enter_context(locked(root, what="study root"))
+            for dest in (a.publish, a.figures):
+                if dest:
+                    held.enter_context(locked(dest, what=f"destination of study {study.name}"))
+            return _act(a, study, root)
+    except (LockedError, DamagedCell) as e:  # one line naming the folder or file and the fix
+        print(f"python -m apps.study: {e}", file=sys.stderr)
+        return 2
+
+
+def _act(a: argparse.Namespace, study: Study, root: Path) -> int:
+    """What the parsed command line asks of ``study`` under ``root``, with the locks held."""
+    if a.figures:
+        if not study.figure_rows:
+            print(f"study {study.name} names no figure_rows: no reliability diagrams", file=sys.stderr)
+        written = figures.reliability(study, root, Path(a.figures), study.figure_rows)
+        try:
+            written.append(figures.training_curves(study, root, Path(a.figures)))
+        except ValueError as e:  # nothing trained, or no finished cell under root
+            print(f"no training curves: {e}", file=sys.stderr)
+        print("\n".join(str(p) for p in written))
+        return 0 if written else 1
+    if a.publish:
+        written = publish(study, root, Path(a.publish))
+        print(f"{len(written)} files copied to {a.publish}")
+        return 0
+    if a.summarize:
+        summarize(study, root, n_boot=a.n_boot)
+        print((root / "study.md").read_text())
+        return 0
+    rc = run(study, root)
+    summarize(study, root, n_boot=a.n_boot)
+    return rc
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,113 @@
+"""A study's cells and how they run: each cell is an ordinary ``python -m apps.calm_llm`` run
+directory ``<root>/<variant>-seed<k>``, made in a subprocess, so a study can be killed at any
+time: an interrupted cell resumes from its checkpoints (``--resume``), a finished one (every
+requested row in ``metrics.json``) is skipped. Every cell's arguments are parsed by the run's
+own config parser before anything starts, so a bad option fails the whole study at once, naming
+the cell.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from apps.calm_llm.config import Config, ConfigError, parse_args
+from apps.study.catalogue import Study, Variant
+from apps.study.estimates import estimate_s
+from apps.study.integrity import read_results
+
+
+@dataclasses.dataclass(frozen=True)
+class Cell:
+    """One run of a study: a variant at one training seed."""
+
+    variant: Variant
+    seed: int
+
+    @property
+    def name(self) -> str:
+        return f"{self.variant.name}-seed{self.seed}"
+
+    def argv(self, study: Study) -> list[str]:
+        """The cell's ``python -m apps.calm_llm`` arguments."""
+        return [*study.common, "--seed", str(self.seed), "--methods", *self.variant.methods,
+                *self.variant.args]
+
+    def config(self, study: Study) -> Config:
+        """The cell's run configuration, as ``python -m apps.calm_llm`` will parse it; a
+        ConfigError names the cell and the study."""
+        try:
+            return parse_args(self.argv(study))
+        except ConfigError as e:
+            raise ConfigError(f"study {study.name}, cell {self.name}: {e}") from e
+
+
+def cells(study: Study) -> list[Cell]:
+    """Variant-major order (the first variants have every seed before later ones start), or
+    seed-major with ``study.seed_major``."""
+    out = [Cell(v, s) for v in study.variants for s in (v.seeds or study.seeds)]
+    if study.seed_major:
+        out.sort(key=lambda c: (c.seed, study.variants.index(c.variant)))  # stable, by seed
+    return out
+
+
+def done(run_dir: Path, cell: Cell) -> bool:
+    """Whether every requested method has its row in the cell's metrics.json; a metrics.json
+    that cannot be read raises ``DamagedCell`` naming it (never counted as not run: a summary
+    would drop that seed silently, a rerun would start over a cell that finished)."""
+    results = read_results(run_dir)
+    return results is not None and all(m in results for m in cell.variant.methods)
+
+
+def run(study: Study, root: Path, *, dry_run: bool = False, python: str = sys.executable) -> int:
+    """Run every unfinished cell in order; one progress line per cell with the study's ETA."""
+    todo = [c for c in cells(study) if not done(root / c.name, c)]
+    est = {c.name: estimate_s(study, c) for c in todo}  # parses every cell: a bad one fails here
+    if study.flops is not None:
+        f = study.flops
+        print(f"study {study.name}: {len(cells(study))} cells, {len(todo)} to run, estimated "
+              f"{sum(est.values()) / 3600:.0f} GPU-hours on one GPU at {f.utilization:.0%} of "
+              f"{f.peak_flops / 1e12:.0f} TFLOP/s, scaled by FLOPs from CPU step ratios "
+              f"({study.description})")
+    else:
+        print(f"study {study.name}: {len(cells(study))} cells, {len(todo)} to run, "
+              f"estimated {sum(est.values()) / 60:.0f} min ({study.description})")
+    if dry_run:
+        for c in cells(study):
+            unit = (3600, "GPU-h") if study.flops is not None else (60, "min")
+            state = "done" if c not in todo else f"~{est[c.name] / unit[0]:.1f} {unit[1]}"
+            print(f"  {c.name:<22} {state:<10} python -m apps.calm_llm {' '.join(c.argv(study))}")
+        return 0
+    root.mkdir(parents=True, exist_ok=True)
+    log = root / "cells.jsonl"
+    failures = 0
+    t_start, spent, predicted = time.time(), 0.0, 0.0
+    for i, c in enumerate(todo):
+        run_dir = root / c.name
+        where = ["--resume", str(run_dir)] if (run_dir / "config.json").is_file() else \
+            ["--out", str(run_dir)]
+        argv = [python, "-m", "apps.calm_llm", *(c.argv(study) if where[0] == "--out" else []), *where]
+        # measured cells rescale the estimate of the rest
+        scale = spent / predicted if predicted else 1.0
+        eta = scale * sum(est[x.name] for x in todo[i:]) / 60
+        print(f"[{i + 1}/{len(todo)}] {c.name}: started {time.strftime('%H:%M')}, study ETA "
+              f"{eta:.0f} min", flush=True)
+        t0 = time.time()
+        with open(root / f"{c.name}.log", "a") as out:
+            rc = subprocess.call(argv, stdout=out, stderr=subprocess.STDOUT)
+        dt = time.time() - t0
+        spent, predicted = spent + dt, predicted + est[c.name]
+        with open(log, "a") as f:
+            f.write(json.dumps({"cell": c.name, "rc": rc, "seconds": round(dt, 1),
+                                "argv": argv[3:]}) + "\n")
+        print(f"[{i + 1}/{len(todo)}] {c.name}: {'done' if rc == 0 else f'FAILED (rc {rc})'} in "
+              f"{dt / 60:.1f} min (log {run_dir}.log)", flush=True)
+        failures += rc != 0
+    print(f"study {study.name}: {len(todo) - failures} cells run, {failures} failed, "
+          f"{(time.time() - t_start) / 60:.0f} min")
+    return 1 if failures else 0
+

@@ -1,0 +1,213 @@
+"""Does temperature scaling fail under a shift? A screen of candidate shifts from saved
+predictions, before any method is compared on them (issue 28; the CALM paper's premise is that
+a temperature fitted in domain fails out of domain).
+
+For a cell of ``ts-shift-screen`` (nothing trained: the model as given, scored in cloze mode)
+the TS row's ``temperature`` is T_fit, fitted on the in-domain calibration split. For every test
+set of that cell, and of each other cell with the same in-domain set but another prompt format
+(the format shift: T fitted under one prompt, applied to the model's answers under another),
+the screen reports, from the untrained row's saved probabilities p (N, K):
+
+- T_opt, the temperature that minimizes NLL on the test set itself
+  (``calibration.posthoc.fit_temperature`` on log p; the scaled probabilities are
+  softmax(log p / T), which is softmax(z / T) of the logits z the run scored);
+- NLL at T_fit and at T_opt (TS's own objective: T_opt is its minimum);
+- conf-ECE at T = 1, at T_fit and at T_opt (in-sample: optimistic, T_opt saw the labels);
+- conf-ECE of a two-fold cross-fit of T_opt (each half scaled by the T fitted on the other),
+  the honest "best temperature" reference; and a percentile bootstrap interval (questions
+  resampled, 1,000 draws, the temperatures held fixed) of ECE(T_fit) − ECE(cross-fit).
+
+TS "fails" on a shift when that interval lies above 0 (T_fit is measurably worse than a
+temperature learned on half of the shifted set), and "transfers" otherwise. Guo et al. (2017),
+"On calibration of modern neural networks" (TS); Ovadia et al. (2019), "Can you trust your
+model's uncertainty?" (TS degrading under shift). Cost: per (fit, test) pair three temperature
+fits on N questions and 2,000 conf-ECE evaluations of N questions.
+
+    python -m apps.study.shift --root docs/results/ts-shift-screen   # writes shift.json/shift.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from apps.lock import locked
+from apps.study.catalogue import STUDIES, Study
+from apps.study.integrity import cross_check, read_results
+from apps.study.runner import Cell, cells, done
+from calibration.metrics import accuracy, conf_ece, nll
+from calibration.posthoc import fit_temperature
+
+# log 0 of a padded option slot: finite for the fit, still no mass after any T ≤ e^5
+PAD_LOGIT = -1e4
+
+
+def _logits(probs: torch.Tensor) -> torch.Tensor:
+    z = torch.log(probs.double())
+    return torch.where(torch.isfinite(z), z, torch.full_like(z, PAD_LOGIT))
+
+
+def scaled(probs: torch.Tensor, temperature: float) -> torch.Tensor:
+    """softmax(log p / T): the option probabilities at temperature T (padded slots stay 0)."""
+    return torch.softmax(_logits(probs) / temperature, dim=-1)
+
+
+def optimal_temperature(probs: torch.Tensor, labels: torch.Tensor) -> float:
+    """The NLL-optimal temperature of ``probs`` on their own labels (T_opt)."""
+    import warnings
+
+    with warnings.catch_warnings():  # at chance the optimum is T -> inf: reported as the bound
+        warnings.simplefilter("ignore", UserWarning)
+        return fit_temperature(_logits(probs), labels).temperature
+
+
+def cross_fitted(probs: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, list[float]]:
+    """Each half of the questions (even / odd positions: the split is already random) scaled by
+    the T_opt of the other half; returns the scaled (N, K) and the two temperatures."""
+    out = torch.empty_like(probs, dtype=torch.float64)
+    halves = (torch.arange(0, len(labels), 2), torch.arange(1, len(labels), 2))
+    temps = []
+    for a, b in (halves, halves[::-1]):
+        t = optimal_temperature(probs[b], labels[b])
+        out[a] = scaled(probs[a], t)
+        temps.append(t)
+    return out, temps
+
+
+def _difference_interval(p_fit: torch.Tensor, p_ref: torch.Tensor, y: torch.Tensor, n_bins: int,
+                         n_boot: int = 1000, seed: int = 0) -> list[float]:
+    """Percentile 95 % interval of conf-ECE(p_fit) − conf-ECE(p_ref) over paired question draws."""
+    rng = np.random.default_rng(seed)
+    diffs = []
+    for _ in range(n_boot):
+        idx = torch.from_numpy(rng.integers(0, len(y), len(y)))
+        diffs.append(conf_ece(p_fit[idx], y[idx], n_bins=n_bins) - conf_ece(p_ref[idx], y[idx], n_bins=n_bins))
+    lo, hi = np.percentile(diffs, [2.5, 97.5])
+    return [float(lo), float(hi)]
+
+
+def _entry(fit: dict[str, Any], test: dict[str, Any], ds: str, n_bins: int) -> dict[str, Any]:
+    """One row of the screen: the temperature ``fit["t"]`` (fitted on ``fit["on"]`` under the
+    prompt ``fit["style"]``) applied to the untrained predictions of ``test`` on ``ds``."""
+    probs, y = test["predictions"][ds]
+    t_fit = fit["t"]
+    t_opt = optimal_temperature(probs, y)
+    p_cf, halves = cross_fitted(probs, y)
+    p_fit = scaled(probs, t_fit)
+    ece_fit, ece_cf = conf_ece(p_fit, y, n_bins=n_bins), conf_ece(p_cf, y, n_bins=n_bins)
+    gap = _difference_interval(p_fit, p_cf, y, n_bins)
+    shifts = [f"domain {fit['set']}→{ds}"] if fit["set"] != ds else []
+    if fit["style"] != test["style"]:
+        shifts.append(f"format {fit['style']}→{test['style']}")
+    return {
+        "fit_on": fit["on"], "fit_style": fit["style"], "test_set": ds, "test_style": test["style"],
+        "shift": ", ".join(shifts) or "none", "n": int(len(y)), "accuracy": accuracy(probs, y),
+        "t_fit": t_fit, "t_opt": t_opt, "t_opt_halves": halves,
+        "ece_t1": conf_ece(probs, y, n_bins=n_bins), "ece_t_fit": ece_fit,
+        "ece_t_opt": conf_ece(scaled(probs, t_opt), y, n_bins=n_bins), "ece_cross_fit": ece_cf,
+        # TS's own objective: NLL at T_fit against its minimum (at T_opt, in-sample)
+        "nll_t_fit": nll(p_fit, y), "nll_t_opt": nll(scaled(probs, t_opt), y),
+        "gap": ece_fit - ece_cf, "gap_ci": gap,
+        "verdict": "TS fails" if gap[0] > 0 else "TS transfers",
+    }
+
+
+def _fits(cell: dict[str, Any]) -> list[dict[str, Any]]:
+    """The temperatures a cell offers: TS's, fitted on its in-domain calibration split, and each
+    test set's own T_opt (which, applied to another set, is a domain shift the other way)."""
+    out = [{"ts": True, "t": cell["temperature"], "set": "+".join(cell["in_domain"]), "style": cell["style"],
+            "on": f"{'+'.join(cell['in_domain'])} calibration split"}]
+    for ds, (probs, y) in cell["predictions"].items():
+        if ds not in cell["in_domain"]:  # an out-of-domain set fitted as if it were the domain
+            out.append({"ts": False, "t": optimal_temperature(probs, y), "set": ds, "style": cell["style"],
+                        "on": f"{ds} test (its T_opt)"})
+    return out
+
+
+def _read(study: Study, root: Path, c: Cell) -> dict[str, Any]:
+    """A finished cell's T_fit, prompt style, in-domain sets and untrained predictions."""
+    from safetensors.torch import load_file
+
+    run_dir = root / c.name
+    results = read_results(run_dir) or {}
+    cross_check(run_dir, results)  # the metrics and predictions read here agree
+    cfg = c.config(study)
+    t = load_file(str(run_dir / "predictions.safetensors"))
+    temps = {r["temperature"] for r in results["ts"].values()}
+    if len(temps) != 1:
+        raise ValueError(f"{run_dir / 'metrics.json'}: TS rows disagree on the temperature {temps}")
+    return {"style": cfg.data.prompt_style, "in_domain": list(cfg.data.in_domain),
+            "temperature": temps.pop(),
+            "predictions": {ds: (t[f"none/{ds}/probs"].double(), t[f"none/{ds}/labels"])
+                            for ds in results["none"]}}
+
+
+def screen(study: Study, root: Path, *, n_bins: int = 10) -> list[dict[str, Any]]:
+    """Every row of the screen: TS's T_fit on each test set of its cell (in domain, and the
+    domain shift) and of every other finished cell with the same in-domain sets but another
+    prompt style (the format shift); and each out-of-domain set's T_opt on the in-domain test
+    set (the domain shift the other way)."""
+    read = [_read(study, root, c) for c in cells(study) if done(root / c.name, c)]
+    if not read:
+        raise ValueError(f"no finished cell of study {study.name} under {root}; run "
+                         f"`python -m apps.study {study.name} --root {root}` first")
+    rows = []
+    for cell in read:
+        for fit in _fits(cell):
+            # TS: every set of the cell; a set's own T_opt: the other sets
+            rows += [_entry(fit, cell, ds, n_bins) for ds in cell["predictions"]
+                     if fit["ts"] or ds != fit["set"]]
+            if fit["ts"]:  # the format shift: the same fit on another cell's prompt format
+                rows += [_entry(fit, other, ds, n_bins) for other in read
+                         if other is not cell and other["in_domain"] == cell["in_domain"]
+                         and other["style"] != cell["style"] for ds in other["predictions"]]
+    return rows
+
+
+def markdown(rows: list[dict[str, Any]]) -> str:
+    """The screen as a table (one row per fit/test pair)."""
+    head = ("| T fitted on | test set | shift | N | acc | T_fit | T_opt | NLL T_fit | NLL T_opt | "
+            "ECE T=1 | ECE T_fit | ECE T_opt (in-sample) | ECE T_opt (cross-fit) | "
+            "ECE T_fit − cross-fit [95 %] | verdict |")
+    lines = [head, "|" + "---|" * 15]
+    for r in rows:
+        lo, hi = r["gap_ci"]
+        lines.append(
+            f"| {r['fit_on']}, {r['fit_style']} | {r['test_set']} ({r['test_style']}) | {r['shift']} "
+            f"| {r['n']} | {r['accuracy']:.3f} | {r['t_fit']:.2f} | {r['t_opt']:.2f} | "
+            f"{r['nll_t_fit']:.3f} | {r['nll_t_opt']:.3f} | "
+            f"{r['ece_t1']:.3f} | {r['ece_t_fit']:.3f} | {r['ece_t_opt']:.3f} | "
+            f"{r['ece_cross_fit']:.3f} | {r['gap']:+.3f} [{lo:+.3f}, {hi:+.3f}] | {r['verdict']} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m apps.study.shift [--study NAME] --root DIR``: shift.json and shift.md in DIR."""
+    ap = argparse.ArgumentParser(prog="python -m apps.study.shift", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--study", default="ts-shift-screen", choices=sorted(STUDIES))
+    ap.add_argument("--root", required=True, help="folder of the study's cells")
+    a = ap.parse_args(argv)
+    root = Path(a.root)
+    if not root.is_dir():
+        print(f"python -m apps.study.shift: no study at {root} (not a folder)", file=sys.stderr)
+        return 2
+    try:
+        with locked(root, what="study root"):  # LockedError: a ValueError naming the holder
+            rows = screen(STUDIES[a.study], root)
+            (root / "shift.json").write_text(json.dumps(rows, indent=1))
+            (root / "shift.md").write_text(markdown(rows))
+    except ValueError as e:  # DamagedCell included: one line naming the file
+        print(f"python -m apps.study.shift: {e}", file=sys.stderr)
+        return 2
+    print(markdown(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,120 @@
+"""apps.study.shift: temperatures against closed forms and known generating temperatures; the
+screen calls TS failed exactly where the shifted set's temperature differs from the domain's."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from apps import study as S
+from apps.study import shift
+
+
+def test_scaled_is_softmax_of_the_logits_over_t_and_keeps_padded_options_empty():
+    z = torch.tensor([[2.0, 0.5, -1.0, 0.0], [0.3, 0.1, -0.2, 0.0]], dtype=torch.float64)
+    p = torch.softmax(z, -1)
+    p[1, 3] = 0.0  # a 3-option question padded to 4
+    p[1, :3] = torch.softmax(z[1, :3], -1)
+    for t in (0.5, 1.0, 3.7):
+        assert torch.allclose(shift.scaled(p, t)[0], torch.softmax(z[0] / t, -1), atol=1e-12)
+        assert torch.allclose(shift.scaled(p, t)[1, :3], torch.softmax(z[1, :3] / t, -1), atol=1e-12)
+        assert shift.scaled(p, t)[1, 3] == 0.0
+
+
+def _draw(n, t_true, seed, k=4, scale=4.0):
+    """Logits z, and labels drawn from softmax(z / t_true): the model's p = softmax(z) is
+    calibrated after scaling by t_true."""
+    g = torch.Generator().manual_seed(seed)
+    z = torch.randn(n, k, generator=g, dtype=torch.float64) * scale
+    y = torch.multinomial(torch.softmax(z / t_true, -1), 1, generator=g).squeeze(1)
+    return torch.softmax(z, -1), y
+
+
+@pytest.mark.parametrize("t_true", [0.7, 2.0, 5.0])
+def test_the_optimal_temperature_recovers_the_generating_one(t_true):
+    p, y = _draw(20000, t_true, seed=1)
+    assert shift.optimal_temperature(p, y) == pytest.approx(t_true, rel=0.05)
+    cf, halves = shift.cross_fitted(p, y)
+    assert halves == pytest.approx([t_true, t_true], rel=0.08)
+    assert torch.allclose(cf.sum(-1), torch.ones(len(y), dtype=torch.float64))
+
+
+STUDY = S.Study(name="shift-fake", description="", seeds=(0,),
+                common=("--split-seed", "0", "--in-domain", "sciq", "--out-of-domain", "arc_easy"),
+                variants=(S.Variant("paper", ("none", "ts"), ("--prompt-style", "paper")),
+                          S.Variant("chat", ("none", "ts"), ("--prompt-style", "chat"))),
+                step_s={}, question_s=0.0, run_s=0.0, questions=0)
+
+
+def _cell(root, name, t_in, t_ood, seed):
+    """A finished cell written by the run's writer: the untrained row on SciQ (labels drawn at
+    temperature t_in) and ARC-Easy (t_ood), and TS at T_fit = t_in (what TS would fit)."""
+    from apps.calm_llm import evaluate
+
+    preds = {"none": {"sciq": _draw(3000, t_in, seed), "arc_easy": _draw(3000, t_ood, seed + 1)}}
+    preds["ts"] = {ds: (shift.scaled(p, t_in), y.clone()) for ds, (p, y) in preds["none"].items()}
+    preds["none"] = {ds: (p, y.clone()) for ds, (p, y) in preds["none"].items()}
+    results = evaluate.evaluate_predictions(preds, {"sciq": "id", "arc_easy": "ood"}, n_bins=10, n_boot=0)
+    for r in results["ts"].values():
+        r["temperature"] = t_in
+    evaluate.write_results(root / name, results, preds, n_bins=10, plots=False)
+    (root / name / "config.json").write_text(json.dumps({"n_bins": 10}))
+
+
+def test_ts_fails_where_the_shifted_temperature_differs_and_transfers_where_it_does_not(tmp_path):
+    # paper prompts: ARC-Easy needs T 5 where SciQ needs 2 (a domain shift TS cannot follow);
+    # chat template: both sets need 2 (nothing shifts within it; the format shift from paper is
+    # harmless on SciQ and harmful on ARC-Easy)
+    _cell(tmp_path, "paper-seed0", 2.0, 5.0, seed=10)
+    _cell(tmp_path, "chat-seed0", 2.0, 2.0, seed=20)
+    rows = shift.screen(STUDY, tmp_path)
+    by = {(r["fit_on"], r["fit_style"], r["test_set"], r["test_style"]): r for r in rows}
+    ts_paper = "sciq calibration split"
+    inside = by[(ts_paper, "paper", "sciq", "paper")]
+    assert inside["shift"] == "none" and inside["verdict"] == "TS transfers"
+    assert inside["t_opt"] == pytest.approx(2.0, rel=0.1)
+    ood = by[(ts_paper, "paper", "arc_easy", "paper")]
+    assert ood["shift"] == "domain sciq→arc_easy" and ood["verdict"] == "TS fails"
+    assert ood["t_opt"] == pytest.approx(5.0, rel=0.1) and ood["gap_ci"][0] > 0
+    assert ood["ece_t_fit"] == pytest.approx(
+        json.loads((tmp_path / "paper-seed0" / "metrics.json").read_text())["results"]["ts"]
+        ["arc_easy"]["conf_ece"], abs=1e-9)  # the TS row's own ECE: same scaling
+    assert by[(ts_paper, "paper", "arc_easy", "chat")]["shift"] == "domain sciq→arc_easy, format paper→chat"
+    assert by[(ts_paper, "paper", "arc_easy", "chat")]["verdict"] == "TS transfers"
+    assert by[(ts_paper, "paper", "sciq", "chat")]["verdict"] == "TS transfers"
+    assert by[(ts_paper, "chat", "arc_easy", "paper")]["verdict"] == "TS fails"
+    # the reverse domain shift: ARC-Easy's own T_opt applied to SciQ
+    back = by[("arc_easy test (its T_opt)", "paper", "sciq", "paper")]
+    assert back["shift"] == "domain arc_easy→sciq" and back["verdict"] == "TS fails"
+    assert back["t_fit"] == pytest.approx(ood["t_opt"])
+    assert len(rows) == 2 * (2 + 2) + 2  # per cell: TS on its 2 sets and the other's 2; 1 reverse
+    md = shift.markdown(rows)
+    assert md.count("\n") == len(rows) + 2 and "| TS fails |" in md
+
+
+def test_a_study_with_nothing_finished_is_named(tmp_path):
+    with pytest.raises(ValueError, match="no finished cell of study shift-fake"):
+        shift.screen(STUDY, tmp_path)
+    assert shift.main(["--study", "laptop", "--root", str(tmp_path)]) == 2
+    np.testing.assert_equal(list(tmp_path.iterdir()), [])
+
+
+def test_nll_at_t_opt_is_the_minimum_over_temperatures():
+    from calibration.metrics import nll
+
+    p, y = _draw(2000, 3.0, seed=5)
+    t = shift.optimal_temperature(p, y)
+    best = nll(shift.scaled(p, t), y)
+    assert all(best <= nll(shift.scaled(p, s), y) + 1e-12 for s in np.linspace(0.5, 10, 40))
+
+
+def test_the_published_screen_reproduces_from_its_raw_files():
+    """docs/results/ts-shift-screen/shift.json is what the screen computes from the committed
+    cells (docs/results.md, "Does temperature scaling fail ...")."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2] / "docs" / "results" / "ts-shift-screen"
+    rows = shift.screen(S.STUDIES["ts-shift-screen"], root)
+    assert json.dumps(rows) == json.dumps(json.loads((root / "shift.json").read_text()))
+    assert all(r["verdict"] == "TS transfers" for r in rows) and len(rows) == 10
