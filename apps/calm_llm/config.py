@@ -26,8 +26,10 @@ from typing import Any
 
 from calibration import alpha_table  # torch-free: the α names and options
 
-from . import solvers  # torch-free: the solver tables
+from ..errors import ConfigError, PluginError
+from . import methods, solvers  # torch-free: the method and solver tables
 from .data import sources  # torch-free: the data source table
+from .methods.upper import UPPER_LOSSES  # torch-free: the upper-loss table
 
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"
 
@@ -35,9 +37,6 @@ CONFIG_DIR = Path(__file__).resolve().parent / "configs"
 # instant); validation reads the live table, which includes sources a user registered.
 MCQA_SOURCES = sources.MCQA_SOURCES
 
-
-class ConfigError(ValueError):
-    """A configuration value that cannot work; the message names the option."""
 
 
 def opt(
@@ -171,11 +170,11 @@ class TrainConfig:
 @dataclass
 class CalmConfig:
     solver: str = opt("bome", "bilevel solver of the CALM problem (apps.calm_llm.solvers table)",
-                      choices=solvers.Names("SOLVERS"))
+                      choices=solvers.SOLVERS.names())
     alpha_param: str = opt(
         "affine",
         "α parameterization (calm_scalar always uses 'temperature')",
-        choices=alpha_table.Names(learns_only=True),  # live: a registered one is offered too
+        choices=alpha_table.learned_names(),  # live: a registered one is offered too
     )
     alpha_form: str = opt(
         "z/tau+l",
@@ -233,8 +232,9 @@ class CalmConfig:
     upper_loss: str = opt(
         "entropy",
         "upper-level loss: −entropy (the paper's), or, as extensions with their optimum at "
-        "calibration rather than at uniform, the calibration-set NLL or a soft-binned ECE",
-        choices=("entropy", "nll", "soft_ece"),
+        "calibration rather than at uniform, the calibration-set NLL or a soft-binned ECE "
+        "(the methods.upper table; a plugin may add one)",
+        choices=UPPER_LOSSES.names(),
     )
     inner_steps: int = opt(2, "inner (lower-level) gradient steps per outer step (T)")
     inner_lr: float = opt(0.05, "inner step size β on θ")
@@ -244,7 +244,7 @@ class CalmConfig:
     gamma: float = opt(1.0, "calm_regularization: loss = CE − γ·entropy")
     linear_solver: str = opt(
         "cg", "AID: linear solver of ∇²g·v = ∇f (apps.calm_llm.solvers table; a plugin may add one)",
-        choices=solvers.Names("LINEAR_SOLVERS"),
+        choices=solvers.LINEAR_SOLVERS.names(),
     )
     cg_maxiter: int = opt(5, "AID: iterations of the linear solver (CG; Neumann terms)")
     cg_tol: float = opt(1e-6, "AID: tolerance of the linear solver (relative residual)")
@@ -286,7 +286,7 @@ class Config:
                     "Semantic-ECE; its own embedded default, docs/open_qa.md)",
                     choices=("mcqa", "open_qa"))
     methods: list[str] = opt(["none", "ts", "sft", "calm"], "methods to run",
-                             names=lambda: _methods().names())
+                             names=lambda: methods.names())
     plugins: list[str] = opt(
         [], "modules imported before validation, e.g. to register methods (docs/extending.md); "
         "kept in config.json, so a resume imports them again"
@@ -335,9 +335,9 @@ class Config:
         "none", "also log each training step to TensorBoard (runs/<dir>/tensorboard)",
         choices=("none", "tensorboard"),
     )
-    # {method: its options} of every registered method that declares an options dataclass
-    # (``MethodInfo.options``, e.g. a plugin's); flags ``--<method>-<field>``, file/config.json
-    # section ``plugin_options: {method: {field: value}}``
+    # {name: its options} of every registered entry (method, solver, linear solver, upper loss)
+    # that declares an options dataclass (``Info.options``, e.g. a plugin's); flags
+    # ``--<name>-<field>``, file/config.json section ``plugin_options: {name: {field: value}}``
     plugin_options: dict[str, Any] = field(default_factory=dict)
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
@@ -348,12 +348,17 @@ class Config:
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
-    def method_options(self, method: str) -> Any:
-        """The options dataclass of a method that declares one (``MethodInfo.options``)."""
-        if method not in self.plugin_options:
-            raise ConfigError(f"method {method!r} declares no options (registered with options: "
+    def options_of(self, name: str) -> Any:
+        """The options of a registered entry (method, solver, linear solver, upper loss) that
+        declares an options dataclass (``Info.options``)."""
+        if name not in self.plugin_options:
+            raise ConfigError(f"{name!r} declares no options (registered with options: "
                               f"{sorted(self.plugin_options)})")
-        return self.plugin_options[method]
+        return self.plugin_options[name]
+
+    def method_options(self, method: str) -> Any:
+        """`options_of` for a method (the name methods have read their options with)."""
+        return self.options_of(method)
 
     def hash(self) -> str:
         """sha256 of everything that changes what is trained and predicted (not where results go,
@@ -376,10 +381,11 @@ class Config:
             if self.task == "mcqa" and (sec == "open_qa" or f.name == "task"):
                 continue
             out[_flag(f)] = getattr(getattr(self, sec) if sec else self, f.name)
-        # a method's own options change results only when it runs (other runs keep their hash)
-        for method, obj, f in _plugin_fields(self):
-            if method in self.methods:
-                out[_plugin_flag(method, f)] = getattr(obj, f.name)
+        # an entry's own options change results only when it is used (other runs keep their hash)
+        used = {name for table, in_use in _option_tables() for name in table if in_use(self, name)}
+        for name, obj, f in _plugin_fields(self):
+            if name in used:
+                out[_plugin_flag(name, f)] = getattr(obj, f.name)
         return out
 
     def save(self, run_dir: str | Path) -> Path:
@@ -425,9 +431,30 @@ def _flag(f: dataclasses.Field) -> str:
     return f.metadata.get("flag") or "--" + f.name.replace("_", "-")
 
 
+def _option_tables() -> tuple[tuple[Any, Any], ...]:
+    """(registry, in_use(cfg, name)) of every table whose entries may declare options: an
+    entry's options are compared on resume (and hashed) only when ``in_use``."""
+    return (
+        (methods.METHODS, lambda cfg, name: name in cfg.methods),
+        (solvers.SOLVERS, lambda cfg, name: cfg.calm.solver == name),
+        (solvers.LINEAR_SOLVERS, lambda cfg, name: cfg.calm.linear_solver == name),
+        (UPPER_LOSSES, lambda cfg, name: cfg.calm.upper_loss == name),
+    )
+
+
 def _option_classes() -> dict[str, type]:
-    """{method: options dataclass} of every registered method that declares one."""
-    return {i.name: i.options for i in _methods().TABLE.values() if i.options is not None}
+    """{name: options dataclass} of every registered entry that declares one."""
+    out: dict[str, type] = {}
+    for table, _ in _option_tables():
+        for name, info in table.items():
+            cls = getattr(info, "options", None)
+            if cls is None:
+                continue
+            if name in out and out[name] is not cls:  # one flag namespace: --<name>-<field>
+                raise ConfigError(f"{table.kind} {name!r} declares options, and so does another "
+                                  "entry of that name: rename one (flags are --<name>-<field>)")
+            out[name] = cls
+    return out
 
 
 def _plugin_flag(method: str, f: dataclasses.Field) -> str:
@@ -454,9 +481,9 @@ def _set_method_options(cfg: Config, value: Any) -> None:
     classes = _option_classes()
     for method, values in value.items():
         if method not in classes:
-            raise ConfigError(f"plugin_options.{method}: no registered method {method!r} declares "
-                              f"options (with options: {sorted(classes)}; a plugin's module is "
-                              "loaded by --plugins)")
+            raise ConfigError(f"plugin_options.{method}: no registered method, solver, linear "
+                              f"solver or upper loss {method!r} declares options (with options: "
+                              f"{sorted(classes)}; a plugin's module is loaded by --plugins)")
         if not isinstance(values, dict):
             raise ConfigError(f"plugin_options.{method}: expected a mapping of options, got {values!r}")
         obj = dataclasses.replace(cfg.plugin_options.get(method) or classes[method]())
@@ -528,7 +555,7 @@ def build_parser() -> argparse.ArgumentParser:
             raise ConfigError(f"method {method!r}: its option flag {flag} is taken")
         seen.add(flag)
         if method not in groups:
-            groups[method] = p.add_argument_group(f"{method} (the method's own options)")
+            groups[method] = p.add_argument_group(f"{method} (its own options)")
         _add_flag(groups[method], flag, f, f"plugin_options.{method}.{f.name}")
     return p
 
@@ -669,14 +696,17 @@ def _plugins_in(argv: list[str]) -> list[str]:
 
 def load_plugins(modules: list[str]) -> None:
     """Import each ``--plugins`` module (once): importing it registers what it defines, e.g.
-    ``methods.register(MethodInfo(...))``. A module that cannot be imported is a ConfigError."""
+    ``methods.register(MethodInfo(...))``. A module that cannot be imported, or that raises
+    while it runs, is a `PluginError` naming it, with the plugin's own error as its cause
+    (the CLI shows that traceback: the bug is in the plugin)."""
     import importlib
 
     for name in modules:
         try:
             importlib.import_module(name)
-        except ImportError as e:
-            raise ConfigError(f"--plugins {name}: cannot import it ({e})") from e
+        except Exception as e:  # any error of the plugin's code: its traceback is kept
+            raise PluginError(f"--plugins {name}: cannot import it "
+                              f"({type(e).__name__}: {e})") from e
 
 
 def _check(ok: bool, msg: str) -> None:
@@ -714,23 +744,16 @@ def validate(cfg: Config) -> None:
     _check_model(cfg.model)
     _check_data(cfg)
     _check_train(cfg)
-    for check in dict.fromkeys(i.validate for i in _methods().TABLE.values() if i.validate):
+    for check in dict.fromkeys(i.validate for i in methods.METHODS.values() if i.validate):
         check(cfg)
     select_grid(cfg)  # raises ConfigError for a bad --select
     _check_combinations(cfg)
     _check_paths(cfg)  # last: a combination that cannot work is worth saying before a typo'd path
 
 
-def _methods():
-    """The table of methods (imported here: `apps.calm_llm.methods` imports this module)."""
-    from . import methods
-
-    return methods
-
-
 def trained(cfg: Config) -> list[str]:
     """The methods of ``--methods`` that take optimizer steps."""
-    table = _methods().TABLE
+    table = methods.METHODS
     return [m for m in cfg.methods if m in table and table[m].trains]
 
 
@@ -756,7 +779,7 @@ def _check_fields(cfg: Config) -> None:
 
 def _check_run(cfg: Config) -> None:
     """The run's own options: known methods, seeds, bins, device, optional packages."""
-    known = _methods().names()
+    known = methods.names()
     _check(len(cfg.methods) > 0, "--methods: give at least one method")
     for m in cfg.methods:
         _check(m in known, f"--methods: unknown method {m!r} (known: {list(known)})")
@@ -826,10 +849,9 @@ def _check_open_qa(cfg: Config, files: dict[str, str], hub: dict[str, str]) -> N
     d, q = cfg.data, cfg.open_qa
     for src in [*d.in_domain, *d.out_of_domain]:
         _check(
-            (src in open_qa.OPEN_QA_SOURCES and open_qa.OPEN_QA_SOURCES[src].offline is not None)
-            or src in files or src in hub,
+            src in open_qa.open_qa_source_names(offline=True) or src in files or src in hub,
             f"--task open_qa: {src!r} is not an open-QA source available offline (offline: "
-            f"{[n for n, i in open_qa.OPEN_QA_SOURCES.items() if i.offline]}); give its file with "
+            f"{list(open_qa.open_qa_source_names(offline=True))}); give its file with "
             f"--data-files {src}=PATH or its hub name with --data-hub {src}=ORG/NAME",
         )
     _check(not d.instruction_data, "--task open_qa trains on the open-QA questions themselves; "
@@ -847,7 +869,7 @@ def _check_open_qa(cfg: Config, files: dict[str, str], hub: dict[str, str]) -> N
            "--match judge needs --judge-model NAME (a hub name, folder, smollm2 or tiny)"
            if q.match == "judge" else
            f"--judge-model is read only with --match judge (got --match {q.match})")
-    table = _methods().TABLE
+    table = methods.METHODS
     for m in cfg.methods:
         _check(m not in table or "open_qa" in table[m].tasks,
                f"--methods {m}: does not apply to --task open_qa ({table[m].name} needs answer "
@@ -908,7 +930,7 @@ def _check_paths(cfg: Config) -> None:
 
 def needs_second_order(cfg: Config) -> bool:
     """True when some method differentiates through gradients (eager attention required)."""
-    table = _methods().TABLE
+    table = methods.METHODS
     return any(table[m].second_order(cfg) for m in cfg.methods if m in table)
 
 
@@ -1000,5 +1022,5 @@ def options_markdown() -> str:
 
 def __getattr__(name: str) -> Any:
     if name == "METHODS":  # every registered method, in order; plugins add to it
-        return _methods().names()
+        return methods.names()
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

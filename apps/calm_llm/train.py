@@ -22,6 +22,7 @@ import torch
 
 from calibration import metrics as calibration_metrics
 
+from ..errors import NonFiniteLoss, RunRefused
 from . import checkpoint, distributed, evaluate, export
 from . import methods as method_registry
 from . import model as model_lib
@@ -43,15 +44,6 @@ from .history import HistoryWriter, plot_training
 from .io import atomic_write_text, read_json, read_tensors
 from .methods.base import Context, Method
 from .predict import predict_option_logits, probabilities
-
-
-class NonFiniteLoss(RuntimeError):
-    """Training produced a NaN/inf loss; the message names the step and the last good checkpoint."""
-
-
-class RunRefused(ValueError):
-    """The run directory or the resume would mix or overwrite results; the message says why."""
-
 
 # what a run directory holds once a run has started in it (a new run never writes over these)
 RUN_FILES = ("config.json", "splits.json", "metrics.json", "predictions.safetensors",

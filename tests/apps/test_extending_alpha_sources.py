@@ -34,9 +34,7 @@ def doc_module(filename: str) -> str:
 def user_module(tmp_path, monkeypatch):
     """Import a doc block as a user's module from tmp_path; every registry it touches is
     restored afterwards."""
-    monkeypatch.setattr(alpha, "REGISTRY", dict(alpha.REGISTRY))
-    monkeypatch.setattr(alpha_table, "SPECS", dict(alpha_table.SPECS))
-    monkeypatch.setattr(sources, "SOURCES", dict(sources.SOURCES))
+    before = [(reg, set(reg)) for reg in (alpha_table.SPECS, sources.SOURCES)]
     monkeypatch.syspath_prepend(str(tmp_path))
     imported = []
 
@@ -49,6 +47,9 @@ def user_module(tmp_path, monkeypatch):
     yield load
     for name in imported:
         sys.modules.pop(name, None)
+    for reg, names in before:
+        for name in set(reg) - names:
+            reg.unregister(name)
 
 
 def test_the_doc_parameterization_is_registered_and_inverts(user_module):

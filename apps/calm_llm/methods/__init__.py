@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from .options import validate_calm, validate_label_smoothing, validate_rcft
 from .spec import (
+    METHODS,
     TABLE,
     MethodInfo,
     info,
@@ -63,5 +64,5 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = ["TABLE", "Context", "Method", "MethodInfo", "get", "info", "names", "register",
+__all__ = ["METHODS", "TABLE", "Context", "Method", "MethodInfo", "get", "info", "names", "register",
            "registered", "unregister"]

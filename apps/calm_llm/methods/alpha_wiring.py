@@ -77,7 +77,7 @@ def parameterization(name: str, **run_options: Any) -> Any:
     from calibration import alpha as calibration_alpha
     from calibration import alpha_table
 
-    spec = alpha_table.SPECS.get(name)
+    spec = alpha_table.SPECS.get(name, None)
     declared = spec.options if spec is not None else {}
     return calibration_alpha.get(name, **{k: v for k, v in run_options.items() if k in declared})
 

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from ...errors import ConfigError
 from .. import solvers
-from ..config import ConfigError
+from .upper import UPPER_LOSSES
 
 
 def _check(ok: bool, msg: str) -> None:
@@ -73,16 +74,19 @@ def _validate_calm_objective(cfg: Any) -> None:
         _check(c.alpha_acts != "options" and c.alpha_support != "options",
                "--task open_qa: answers have no options; use --alpha-acts lower_and_inference or "
                "upper_and_inference and --alpha-support vocab or answer_tokens")
-        _check(c.upper_objective == "answer_tokens" and c.upper_loss in ("entropy", "nll"),
+        _check(c.upper_objective == "answer_tokens",
                "--task open_qa: the upper loss reads the answer tokens; use --upper-objective "
-               "answer_tokens with --upper-loss entropy or nll")
+               "answer_tokens")
     elif c.alpha_acts == "options":
         _check(c.upper_objective == "options",
                "--alpha-acts options puts α on the option scores; it needs --upper-objective "
                "options (answer_tokens reads the vocabulary logits)")
-    if c.upper_loss == "soft_ece" and cfg.task == "mcqa":
-        _check(c.upper_objective == "options",
-               "--upper-loss soft_ece is an option-level ECE; it needs --upper-objective options")
+    loss = UPPER_LOSSES.get(c.upper_loss)  # a known name: `_check_fields` ran first
+    _check(c.upper_objective in loss.acts_on,
+           f"--upper-loss {loss.name} acts on {' and '.join(loss.acts_on)} only; it cannot be "
+           f"computed on --upper-objective {c.upper_objective}: use --upper-objective "
+           f"{loss.acts_on[0]}, or an upper loss that acts on {c.upper_objective} (those: "
+           f"{[n for n, i in UPPER_LOSSES.items() if c.upper_objective in i.acts_on]})")
     if c.upper_objective == "answer_tokens" and cfg.task == "mcqa":
         _check(cfg.data.mode == "cloze", "--upper-objective answer_tokens needs --mode cloze")
     if solvers.is_second_order(c.solver):

@@ -17,6 +17,7 @@ import torch
 
 from calibration import objectives
 
+from ...errors import ConfigError
 from .. import scoring
 from . import spec
 from .base import Context, Method, gold_only, present_columns
@@ -28,7 +29,7 @@ class RCFT(Method):
     def __init__(self, ctx: Context, *, name: str | None = None) -> None:
         super().__init__(ctx, name=name)
         if ctx.instruction:
-            raise ValueError("rcft needs MCQA training data (its regularizer uses option probabilities)")
+            raise ConfigError("rcft needs MCQA training data (its regularizer uses option probabilities)")
         self.theta_optimizer()
         self.streams = {"train": ctx.stream("train", options="all")}
         self.bin_accuracy: torch.Tensor | None = None

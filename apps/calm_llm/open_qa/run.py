@@ -28,6 +28,7 @@ import torch.nn.functional as F
 
 from calibration import semantic
 
+from ...errors import ConfigError
 from .. import distributed, export, sampling, scoring
 from .. import methods as method_registry
 from .. import model as model_lib
@@ -129,10 +130,10 @@ def run(cfg: Config) -> dict[str, Any]:
     model_lib.check_model_available(cfg.model)
     dist = distributed.init(fsdp=cfg.fsdp)
     if dist.world > 1:
-        raise ValueError("--task open_qa runs in a single process (sampling is not sharded); "
+        raise ConfigError("--task open_qa runs in a single process (sampling is not sharded); "
                          "launch it without accelerate/torchrun")
     if cfg.select:
-        raise ValueError("--select is not supported with --task open_qa (its choice reads "
+        raise ConfigError("--select is not supported with --task open_qa (its choice reads "
                          "multiple-choice predictions); run one setting per run")
     state, splits = prepare(cfg, dist)
     restore(state)
