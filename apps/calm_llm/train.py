@@ -42,6 +42,7 @@ from .data.collate import warn_truncated
 from .data.splits import manifest_changes
 from .history import HistoryWriter, plot_training
 from .io import atomic_write_text, read_json, read_tensors
+from .logs import log
 from .methods.base import Context, Method
 from .predict import predict_option_logits, probabilities
 
@@ -55,11 +56,6 @@ class EvalSet:
     name: str
     domain: str  # "id" | "ood"
     examples: list
-
-
-def log(msg: str, d: distributed.Dist | None = None) -> None:
-    if d is None or d.main:
-        print(msg, file=sys.stderr, flush=True)
 
 
 def make_run_dir(cfg: Config, dist: distributed.Dist | None = None) -> Path:

@@ -168,10 +168,6 @@ class Batch:
     def n_questions(self) -> int:
         return int(self.labels.shape[0])
 
-    @property
-    def n_sequences(self) -> int:
-        return int(self.input_ids.shape[0])
-
     def to(self, device: torch.device | str) -> Batch:
         """A copy with every tensor moved to ``device``."""
         import torch

@@ -508,11 +508,6 @@ def read_located_rows(path: str | Path) -> list[tuple[dict[str, Any], str]]:
     raise DataError(f"{p}: unsupported data file type {suffix!r} (use .jsonl, .json, .csv or .parquet)")
 
 
-def read_rows(path: str | Path) -> list[dict[str, Any]]:
-    """Rows of a local .jsonl / .json / .csv / .parquet file as dicts (`read_located_rows`)."""
-    return [row for row, _ in read_located_rows(path)]
-
-
 # ---- the entry point ----------------------------------------------------------------------
 def load_source(
     name: str,
@@ -580,8 +575,3 @@ def load_source(
             idx = sorted(random.Random(seed).sample(range(len(examples)), limit))
             examples = [examples[i] for i in idx]
     return examples
-
-
-# the open-QA built-ins are entries of this same table: registered now, so that the table is
-# whole whichever module is imported first (open_qa imports the names defined above)
-from . import open_qa  # noqa: E402, F401

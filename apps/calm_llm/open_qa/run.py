@@ -37,13 +37,13 @@ from ..data import Collator, batch_iterator, make_splits
 from ..data.open_qa import OpenQAExample, load_open_qa
 from ..data.schema import InstructionExample
 from ..io import read_json
+from ..logs import log
 from ..methods.base import Context, Method
 from ..train import (
     RESULTS_FIX,
     EvalSet,
     base_method,
     claim_run_dir,
-    log,
     train_method,
 )
 from . import score
