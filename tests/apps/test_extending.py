@@ -2,6 +2,7 @@
 own, registered through the public table and loaded with --plugins, trains and is evaluated
 end to end on the tiny model without any project file edited."""
 
+import dataclasses
 import importlib
 import json
 import math
@@ -54,7 +55,7 @@ def test_a_plugin_method_runs_end_to_end(plugin, tmp_path):
     assert (out / "export" / "confidence_penalty" / "adapter").is_dir()
     saved = json.loads((out / "config.json").read_text())
     assert saved["plugins"] == [plugin]
-    assert saved["plugin_options"] == {"confidence_penalty": {"beta": 0.3}}
+    assert saved["plugin_options"]["confidence_penalty"] == {"beta": 0.3}
     # the penalty moves the predictions away from the untrained model's
     assert results["confidence_penalty"]["sciq"]["nll"] != results["none"]["sciq"]["nll"]
 
@@ -159,3 +160,41 @@ def test_a_plugin_linear_solver_runs_aid_end_to_end(tmp_path, monkeypatch):
     finally:
         solvers.LINEAR_SOLVERS.unregister("richardson")
         sys.modules.pop("richardson_solver", None)
+
+
+def test_a_plugin_upper_loss_trains_calm_and_is_refused_where_it_cannot_act(tmp_path,
+                                                                              monkeypatch):
+    from apps.calm_llm.methods.upper import UPPER_LOSSES
+
+    code = re.search(r"```python\n(# brier_upper\.py\n.*?)```", DOC.read_text(), re.S).group(1)
+    (tmp_path / "brier_upper.py").write_text(code)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "brier_upper", raising=False)
+    mod = importlib.import_module("brier_upper")
+    calls = []
+
+    def counted(option_logits, labels):
+        calls.append(tuple(option_logits.shape))
+        return brier(option_logits, labels)
+
+    brier = mod.brier
+    try:
+        info = UPPER_LOSSES.get("brier")
+        assert info.acts_on == ("options",)
+        z = torch.tensor([[2.0, 0.0, -1.0], [0.0, 0.0, 0.0]])
+        p = torch.softmax(z, -1)
+        want = ((p - torch.eye(3)[[0, 2]]) ** 2).sum(-1).mean()
+        torch.testing.assert_close(info.function("options")(z, torch.tensor([0, 2])), want)
+        with UPPER_LOSSES.registered(dataclasses.replace(info, on_options=counted), replace=True):
+            out = tmp_path / "run"
+            assert main([*TINY, "--plugins", "brier_upper", "--methods", "calm", "--upper-loss",
+                         "brier", "--steps", "2", "--out", str(out)]) == 0
+        assert len(calls) >= 2 and all(len(s) == 2 for s in calls)  # (N, K) option scores
+        results = json.loads((out / "metrics.json").read_text())["results"]
+        assert math.isfinite(results["calm"]["sciq"]["nll"])
+        with pytest.raises(C.ConfigError, match="--upper-loss brier acts on options only"):
+            C.parse_args(["--plugins", "brier_upper", "--upper-loss", "brier",
+                          "--upper-objective", "answer_tokens"])
+    finally:
+        UPPER_LOSSES.unregister("brier")
+        sys.modules.pop("brier_upper", None)

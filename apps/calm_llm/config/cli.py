@@ -19,6 +19,7 @@ from typing import Any
 from ...errors import ConfigError, PluginError
 from .schema import (
     CONFIG_DIR,
+    MOVED_TRAIN_OPTIONS,
     SECTIONS,
     Config,
     _flag,
@@ -188,6 +189,7 @@ def from_dict(data: dict, base: Config | None = None) -> Config:
     )
     if isinstance(data.get("plugins"), list):  # they register the methods plugin_options names
         load_plugins([str(m) for m in data["plugins"]])
+    data = _moved_options(data)
     top = {f.name: f for f in fields(Config)}
     for key, value in data.items():
         if key not in top:
@@ -206,6 +208,23 @@ def from_dict(data: dict, base: Config | None = None) -> Config:
         else:
             setattr(cfg, key, _coerce(key, top[key], value))
     return _with_method_defaults(cfg)
+
+
+def _moved_options(data: dict) -> dict:
+    """A config written before an option moved from ``train`` into its method's own options
+    (``MOVED_TRAIN_OPTIONS``) read as if written after: ``train.rcft_weight`` is
+    ``plugin_options.rcft.weight`` (so an older run's config.json still loads and resumes)."""
+    train = data.get("train")
+    if not isinstance(train, dict) or not set(train) & set(MOVED_TRAIN_OPTIONS):
+        return data
+    out = {**data, "train": {k: v for k, v in train.items() if k not in MOVED_TRAIN_OPTIONS}}
+    moved = {k: v for k, v in train.items() if k in MOVED_TRAIN_OPTIONS}
+    plugin = {m: dict(o) for m, o in (data.get("plugin_options") or {}).items()}
+    for key, value in moved.items():
+        method, name = MOVED_TRAIN_OPTIONS[key]
+        plugin.setdefault(method, {}).setdefault(name, value)  # the new place wins
+    out["plugin_options"] = plugin
+    return out
 
 
 def parse_args(argv: list[str] | None = None) -> Config:
@@ -263,17 +282,21 @@ def load_plugins(modules: list[str]) -> None:
 
 
 def options_markdown() -> str:
-    """The options tables of docs/calm.md, from the fields (a test keeps the doc equal to it)."""
+    """The options tables of docs/calm.md, from the fields (a test keeps the doc equal to it):
+    one per section, then one per registered entry that declares its own options."""
+    groups: dict[str, list[tuple[str, dataclasses.Field]]] = {}
+    for sec, f in _leaf_fields():
+        groups.setdefault(sec or "run", []).append((_flag(f), f))
+    for name, _obj, f in _plugin_fields(_with_method_defaults(Config())):
+        groups.setdefault(f"{name} (its own options)", []).append((_plugin_flag(name, f), f))
     blocks = []
-    for sec in (None, *SECTIONS):
+    for title, entries in groups.items():
         rows = ["| flag | default | meaning |", "|---|---|---|"]
-        for s, f in _leaf_fields():
-            if s != sec:
-                continue
+        for flag, f in entries:
             default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
             meaning = _help(f)
             if f.metadata.get("choices"):
                 meaning += f" ({' / '.join(f.metadata['choices'])})"
-            rows.append(f"| `{_flag(f)}` | `{default!r}` | {meaning.replace('|', '/')} |")
-        blocks.append(f"**{sec or 'run'}**\n\n" + "\n".join(rows))
+            rows.append(f"| `{flag}` | `{default!r}` | {meaning.replace('|', '/')} |")
+        blocks.append(f"**{title}**\n\n" + "\n".join(rows))
     return "\n\n".join(blocks) + "\n"

@@ -28,6 +28,7 @@ from ..data import (
     sources,  # torch-free: the one source table
 )
 from ..methods.upper import UPPER_LOSSES  # torch-free: the upper-loss table
+from ..option import opt
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
 
@@ -35,21 +36,6 @@ CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
 # The built-in names of the source table (data.sources imports without torch, so validation stays
 # instant); validation reads the live table, which includes sources a user registered.
 MCQA_SOURCES = sources.MCQA_SOURCES
-
-
-def opt(
-    default: Any, help: str, *, choices: tuple | None = None, flag: str | None = None,
-    names: Any = None,
-) -> Any:
-    """A dataclass field carrying its CLI help text, allowed values and (optional) flag name.
-
-    ``names``: for a list option, a function giving the names its entries may take, read when
-    help is shown (a registry that plugins extend: the help lists what is registered then).
-    """
-    meta = {"help": help, "choices": choices, "flag": flag, "names": names}
-    if isinstance(default, list | dict):
-        return field(default_factory=lambda d=default: type(d)(d), metadata=meta)
-    return field(default=default, metadata=meta)
 
 
 @dataclass
@@ -143,26 +129,6 @@ class TrainConfig:
     )
     warmup_ratio: float = opt(0.1, "fraction of the steps spent in linear warmup")
     max_grad_norm: float = opt(1.0, "clip the θ gradient norm (0 = off)")
-    label_smoothing: float = opt(0.1, "smoothing of the label_smoothing baseline")
-    label_smoothing_scope: str = opt(
-        "vocab",
-        "label_smoothing spreads ε over the whole vocabulary (as Hugging Face's Trainer does) or "
-        "(letter mode) over the question's option letters, which is what smooths the answer "
-        "distribution",
-        choices=("vocab", "options"),
-    )
-    rcft_weight: float = opt(0.5, "RCFT: total = (1-w)·SFT + w·s·Σ_k L_k")
-    rcft_scale: float = opt(
-        1e-3, "RCFT: s, the regularizer's scale (1e-3 as released; with AdamW it leaves short "
-        "runs indistinguishable from SFT)"
-    )
-    rcft_bins: int = opt(10, "RCFT: confidence bins of the ECE regularizer")
-    rcft_reestimate_every: int = opt(
-        0, "RCFT: re-run the E-step (bin accuracies) every k steps (0 = once, as released)"
-    )
-    rcft_include_top_bin: bool = opt(
-        True, "RCFT: regularize the top bin [0.9, 1] too (the released code skips it)"
-    )
 
 
 @dataclass
@@ -431,11 +397,26 @@ def _flag(f: dataclasses.Field) -> str:
     return f.metadata.get("flag") or "--" + f.name.replace("_", "-")
 
 
+# methods whose options lived in `train` before they moved into the method (issue 27): they
+# are compared (and hashed) in every run, as they were, so that no run's hash changed
+ALWAYS_COMPARED = ("label_smoothing", "rcft")
+# a config.json written before that move names them in `train`: {old field: (method, field)}
+MOVED_TRAIN_OPTIONS = {
+    "label_smoothing": ("label_smoothing", "epsilon"),
+    "label_smoothing_scope": ("label_smoothing", "scope"),
+    "rcft_weight": ("rcft", "weight"),
+    "rcft_scale": ("rcft", "scale"),
+    "rcft_bins": ("rcft", "bins"),
+    "rcft_reestimate_every": ("rcft", "reestimate_every"),
+    "rcft_include_top_bin": ("rcft", "include_top_bin"),
+}
+
+
 def _option_tables() -> tuple[tuple[Any, Any], ...]:
     """(registry, in_use(cfg, name)) of every table whose entries may declare options: an
     entry's options are compared on resume (and hashed) only when ``in_use``."""
     return (
-        (methods.METHODS, lambda cfg, name: name in cfg.methods),
+        (methods.METHODS, lambda cfg, name: name in cfg.methods or name in ALWAYS_COMPARED),
         (solvers.SOLVERS, lambda cfg, name: cfg.calm.solver == name),
         (solvers.LINEAR_SOLVERS, lambda cfg, name: cfg.calm.linear_solver == name),
         (UPPER_LOSSES, lambda cfg, name: cfg.calm.upper_loss == name),

@@ -44,18 +44,18 @@ class MethodInfo:
         second_order: ``second_order(cfg)`` is True when, under ``cfg``, it differentiates
             through gradients (the model then loads eager attention).
         sections: option groups it reads beyond the shared ``train`` options (``"calm"``:
-            every ``calm.*`` option, so ``--select`` of a calm option applies to it;
-            ``"rcft"``, ``"label_smoothing"``: those ``train.*`` options).
+            every ``calm.*`` option, so ``--select`` of a calm option applies to it).
         validate: ``validate(cfg)`` raises ``config.ConfigError`` for values of its own
             options that cannot work; runs on every configuration, like every other check.
         tasks: the ``--task`` values it applies to (``"mcqa"``, ``"open_qa"``); a method
             that reads answer options (RCFT's regularizer) is ``("mcqa",)``.
         options: a dataclass of the method's own options, each field declared with
             ``config.opt(default, help)``: every field becomes a flag ``--<name>-<field>``
+            (or the field's own ``flag``)
             (a config file's ``plugin_options: {<name>: {<field>: value}}``), is validated
             like every option (type, choices, finite), recorded in ``config.json`` and
             compared on resume when the method runs; the method reads it as
-            ``cfg.method_options(<name>)``.
+            ``cfg.options_of(<name>)``.
         summary: one line for the docs.
     """
 
