@@ -15,7 +15,7 @@ def test_every_project_error_is_a_calm_error_and_keeps_its_old_base():
     from apps.calm_llm.export import BaseMismatch
     from apps.calm_llm.io import CorruptFile
     from apps.calm_llm.model import ModelLoadError
-    from apps.calm_llm.train import NonFiniteLoss, RunRefused
+    from apps.errors import NonFiniteLoss, RunRefused
 
     for cls, old in [(C.ConfigError, ValueError), (errors.DataError, ValueError),
                      (errors.PluginError, ValueError), (RunRefused, ValueError),

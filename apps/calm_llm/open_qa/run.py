@@ -39,13 +39,8 @@ from ..data.schema import InstructionExample
 from ..io import read_json
 from ..logs import log
 from ..methods.base import Context, Method
-from ..train import (
-    RESULTS_FIX,
-    EvalSet,
-    base_method,
-    claim_run_dir,
-    train_method,
-)
+from ..runner.prepare import RESULTS_FIX, base_method, claim_run_dir
+from ..runner.train import EvalSet, train_method
 from . import score
 from .judge import LLMJudge, judge_answers
 
