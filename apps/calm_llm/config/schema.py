@@ -346,7 +346,8 @@ class Config:
                 continue
             out[_flag(f)] = getattr(getattr(self, sec) if sec else self, f.name)
         # an entry's own options change results only when it is used (other runs keep their hash)
-        used = {name for table, in_use in _option_tables() for name in table if in_use(self, name)}
+        used = {name for _, classes, in_use in _option_tables() for name in classes
+                if in_use(self, name)}
         for name, obj, f in _plugin_fields(self):
             if name in used:
                 out[_plugin_flag(name, f)] = getattr(obj, f.name)
@@ -412,27 +413,58 @@ MOVED_TRAIN_OPTIONS = {
 }
 
 
-def _option_tables() -> tuple[tuple[Any, Any], ...]:
-    """(registry, in_use(cfg, name)) of every table whose entries may declare options: an
-    entry's options are compared on resume (and hashed) only when ``in_use``."""
+def _declared(table: Any) -> dict[str, type]:
+    """{name: options dataclass} of the entries of a registry that declare one."""
+    return {n: i.options for n, i in table.items() if getattr(i, "options", None) is not None}
+
+
+# the α options every run has (``--alpha-form``, ``--alpha-positivity``, ``--alpha-tau-max``)
+ALPHA_RUN_OPTIONS = ("form", "positivity", "tau_max")
+_ALPHA_CLASSES: dict[tuple[str, int], type] = {}
+
+
+def _alpha_options() -> dict[str, type]:
+    """{name: options dataclass} of the α parameterizations that declare options beyond
+    `ALPHA_RUN_OPTIONS` (a plugin's): one field per such `alpha_table.Option`, its default and
+    choices, so it gets a ``--<name>-<option>`` flag like every entry's own option."""
+    out: dict[str, type] = {}
+    for name, spec in alpha_table.SPECS.items():
+        extra = {k: o for k, o in spec.options.items() if k not in ALPHA_RUN_OPTIONS}
+        if not extra:
+            continue
+        key = (name, id(spec))  # one class per registration: a replaced entry gets its own
+        if key not in _ALPHA_CLASSES:
+            _ALPHA_CLASSES[key] = dataclasses.make_dataclass(f"{name}_options", [
+                (k, type(o.default), opt(o.default, f"α {name}: its option {k!r}",
+                                         choices=tuple(o.choices) if o.choices else None))
+                for k, o in extra.items()])
+        out[name] = _ALPHA_CLASSES[key]
+    return out
+
+
+def _option_tables() -> tuple[tuple[str, dict[str, type], Any], ...]:
+    """(kind, {name: options dataclass}, in_use(cfg, name)) of every table whose entries may
+    declare options: an entry's options are compared on resume (and hashed) only when
+    ``in_use``."""
     return (
-        (methods.METHODS, lambda cfg, name: name in cfg.methods or name in ALWAYS_COMPARED),
-        (solvers.SOLVERS, lambda cfg, name: cfg.calm.solver == name),
-        (solvers.LINEAR_SOLVERS, lambda cfg, name: cfg.calm.linear_solver == name),
-        (UPPER_LOSSES, lambda cfg, name: cfg.calm.upper_loss == name),
+        ("method", _declared(methods.METHODS),
+         lambda cfg, name: name in cfg.methods or name in ALWAYS_COMPARED),
+        ("solver", _declared(solvers.SOLVERS), lambda cfg, name: cfg.calm.solver == name),
+        ("linear solver", _declared(solvers.LINEAR_SOLVERS),
+         lambda cfg, name: cfg.calm.linear_solver == name),
+        ("upper loss", _declared(UPPER_LOSSES), lambda cfg, name: cfg.calm.upper_loss == name),
+        ("alpha parameterization", _alpha_options(),
+         lambda cfg, name: cfg.calm.alpha_param == name),
     )
 
 
 def _option_classes() -> dict[str, type]:
     """{name: options dataclass} of every registered entry that declares one."""
     out: dict[str, type] = {}
-    for table, _ in _option_tables():
-        for name, info in table.items():
-            cls = getattr(info, "options", None)
-            if cls is None:
-                continue
+    for kind, classes, _ in _option_tables():
+        for name, cls in classes.items():
             if name in out and out[name] is not cls:  # one flag namespace: --<name>-<field>
-                raise ConfigError(f"{table.kind} {name!r} declares options, and so does another "
+                raise ConfigError(f"{kind} {name!r} declares options, and so does another "
                                   "entry of that name: rename one (flags are --<name>-<field>)")
             out[name] = cls
     return out

@@ -95,9 +95,13 @@ def make_alpha(
     acts: str = "lower_and_inference",
     answer_token_ids: Sequence[int] | torch.Tensor | None = None,
     n_option_slots: int | None = None,
+    extra_options: dict[str, Any] | None = None,
 ) -> Alpha:
-    """Initialize α at the identity transform (l = 0, τ = 1)."""
-    param = parameterization(name, form=form, positivity=positivity, tau_max=tau_max)
+    """Initialize α at the identity transform (l = 0, τ = 1). ``extra_options``: the
+    parameterization's own options beyond form / positivity / tau_max (a plugin's, from its
+    ``--<name>-<option>`` flags)."""
+    param = parameterization(name, form=form, positivity=positivity, tau_max=tau_max,
+                             **(extra_options or {}))
     on = "vocab"
     if acts == "options":
         if n_option_slots is None:

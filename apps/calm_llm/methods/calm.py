@@ -19,6 +19,7 @@ a θ step on g, no coupling term), ``calm_regularization`` (min over (α, θ) of
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 from collections.abc import Iterator
 from typing import Any
@@ -181,12 +182,15 @@ class Calm(Method):
         support_ids = None
         if c.alpha_support == "answer_tokens" and c.alpha_acts != "options":
             support_ids = self._answer_tokens()
+        param = self.alpha_param or c.alpha_param
+        own = ctx.cfg.plugin_options.get(param)  # a plugin α's own options (--<name>-<option>)
         self.alpha = make_alpha(
-            self.alpha_param or c.alpha_param, c.alpha_form, c.alpha_support,
+            param, c.alpha_form, c.alpha_support,
             vocab_size=ctx.lm.vocab_size, option_token_ids=ctx.option_token_ids,
             device=ctx.lm.device, positivity=c.alpha_positivity, tau_max=c.alpha_tau_max,
             acts=c.alpha_acts, answer_token_ids=support_ids,
             n_option_slots=ctx.cfg.data.max_options,
+            extra_options=dataclasses.asdict(own) if own is not None else None,
         )
         self.obj = CalmObjectives(ctx, self.alpha)
         if c.bome_optimizer == "sgd":
