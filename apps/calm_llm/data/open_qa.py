@@ -23,14 +23,20 @@ from __future__ import annotations
 
 import hashlib
 import json
-import random
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ...errors import DataError
-from .sources import SOURCES, SourceInfo, parse_hub_spec, read_located_rows, register_source
+from .sources import (
+    SOURCES,
+    SourceInfo,
+    parse_hub_spec,
+    read_located_rows,
+    register_source,
+    subsample,
+)
 
 Row = Mapping[str, Any]
 LocatedRows = Iterable[tuple[Row, str]]
@@ -274,10 +280,4 @@ def load_open_qa(
     else:
         rows = _offline_rows(info)
     examples = _dedupe([(mapper(r, w), w) for r, w in rows])
-    if limit is not None:
-        if limit < 1:
-            raise DataError(f"limit must be >= 1, got {limit}")
-        if limit < len(examples):
-            idx = sorted(random.Random(seed).sample(range(len(examples)), limit))
-            examples = [examples[i] for i in idx]
-    return examples
+    return subsample(examples, limit, seed)

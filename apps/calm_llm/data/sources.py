@@ -508,6 +508,18 @@ def read_located_rows(path: str | Path) -> list[tuple[dict[str, Any], str]]:
     raise DataError(f"{p}: unsupported data file type {suffix!r} (use .jsonl, .json, .csv or .parquet)")
 
 
+def subsample(examples: list[Any], limit: int | None, seed: int) -> list[Any]:
+    """A seeded random subset of ``limit`` examples, in their order (all of them when ``limit``
+    is None or not smaller); the same for every source of both tasks."""
+    if limit is not None:
+        if limit < 1:
+            raise DataError(f"limit must be >= 1, got {limit}")
+        if limit < len(examples):
+            idx = sorted(random.Random(seed).sample(range(len(examples)), limit))
+            examples = [examples[i] for i in idx]
+    return examples
+
+
 # ---- the entry point ----------------------------------------------------------------------
 def load_source(
     name: str,
@@ -568,10 +580,4 @@ def load_source(
     for ex, where in located:
         _check_texts(ex, where)
     examples = _dedupe(located)
-    if limit is not None:
-        if limit < 1:
-            raise DataError(f"limit must be >= 1, got {limit}")
-        if limit < len(examples):
-            idx = sorted(random.Random(seed).sample(range(len(examples)), limit))
-            examples = [examples[i] for i in idx]
-    return examples
+    return subsample(examples, limit, seed)
