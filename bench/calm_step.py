@@ -179,32 +179,23 @@ def measure_group(
         )
     sft = "sft-T0"
     t_sft = harness.median(times[sft])
+    mode = ctx.cfg.data.mode
     for (solver, T, share), name in zip(variants, methods):
         t = harness.median(times[name])
         total, total_sft = state[name] + (peak[name] or 0.0), state[sft] + (peak[sft] or 0.0)
         rec = {
-            "problem": "calm_step",
-            "size": n_lora,
+            "problem": "calm_step", "size": n_lora,
             "library": "bilevel" if solver != "sft" else "apps.calm_llm",
-            "method": FAMILY[solver],
-            "solver": solver,
-            "model": model,
-            "attention": attention,
-            "T": T,
-            "mode": ctx.cfg.data.mode,
-            "shared_prefix": bool(share and ctx.cfg.data.mode == "cloze"),
-            "seconds_median": t,
-            "seconds_min": min(times[name]),
-            "seconds_all": times[name],
-            "peak_mem_mb": peak[name],
-            "state_mem_mb": state[name],
-            "rel_error": None,
+            "method": FAMILY[solver], "solver": solver, "model": model, "attention": attention,
+            "T": T, "mode": mode, "shared_prefix": bool(share and mode == "cloze"),
+            "seconds_median": t, "seconds_min": min(times[name]), "seconds_all": times[name],
+            "peak_mem_mb": peak[name], "state_mem_mb": state[name], "rel_error": None,
             "time_ratio_vs_sft": t / t_sft,
             "time_ratio_vs_sft_best": min(times[name]) / min(times[sft]),
             "mem_ratio_vs_sft": total / total_sft,
             "step_mem_ratio_vs_sft": peak[name] / peak[sft] if memory and peak[sft] else None,
             "floor_ratio": T + 1.35 if solver != "sft" else 1.0,
-            "target_ratio": T + 1.6 if solver == "bome" and ctx.cfg.data.mode == "letter" else None,
+            "target_ratio": T + 1.6 if solver == "bome" and mode == "letter" else None,
         }
         out.append(rec)
         print(

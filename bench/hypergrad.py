@@ -92,16 +92,8 @@ def measure(
                 traceback.print_exc(file=sys.stderr)
                 reason = f"failed: {type(err).__name__}: {err}"
         if lib not in runs:
-            records.append(
-                {
-                    **base,
-                    "library": lib,
-                    "seconds_median": None,
-                    "peak_mem_mb": None,
-                    "rel_error": None,
-                    "note": f"skipped: {reason}",
-                }
-            )
+            records.append({**base, "library": lib, "seconds_median": None, "peak_mem_mb": None,
+                            "rel_error": None, "note": f"skipped: {reason}"})
     if "plain_torch" not in runs:
         return records
     same = plain_torch.build(p64, method, steps, p64.inner_lr)()  # float64, same computation
@@ -110,20 +102,12 @@ def measure(
     floor = harness.median(times["plain_torch"])
     for lib in runs:
         t = harness.median(times[lib])
-        records.append(
-            {
-                **base,
-                "library": lib,
-                "seconds_median": t,
-                "seconds_min": min(times[lib]),
-                "seconds_all": times[lib],
-                "ratio_vs_floor": t / floor,
-                "peak_mem_mb": mem[lib],
-                "rel_error": harness.rel_error(outputs[lib], p64.exact),
-                "rel_error_vs_f64_same_method": harness.rel_error(outputs[lib], same),
-                "note": "",
-            }
-        )
+        records.append({**base, "library": lib, "seconds_median": t,
+                        "seconds_min": min(times[lib]), "seconds_all": times[lib],
+                        "ratio_vs_floor": t / floor, "peak_mem_mb": mem[lib],
+                        "rel_error": harness.rel_error(outputs[lib], p64.exact),
+                        "rel_error_vs_f64_same_method": harness.rel_error(outputs[lib], same),
+                        "note": ""})
         log(
             f"  {p32.name} {p32.size} {method:16s} {lib:12s} {1000 * t:9.2f} ms "
             f"×floor {t / floor:5.2f}  peak {harness.fmt(mem[lib]):>8s} MiB  err {records[-1]['rel_error']:.1e}"
@@ -181,22 +165,11 @@ def targets(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def render(records: list[dict[str, Any]], meta: dict[str, Any]) -> str:
     """The markdown report: one table of measurements and one of targets."""
-    rows = []
-    for r in records:
-        rows.append(
-            [
-                r["problem"],
-                str(r["size"]),
-                r["method"],
-                r["library"],
-                harness.fmt(r.get("seconds_median"), "ms"),
-                harness.fmt(r.get("ratio_vs_floor"), "x"),
-                harness.fmt(r.get("peak_mem_mb")),
-                harness.fmt(r.get("rel_error"), "err"),
-                harness.fmt(r.get("rel_error_vs_f64_same_method"), "err"),
-                r.get("note", ""),
-            ]
-        )
+    rows = [[r["problem"], str(r["size"]), r["method"], r["library"],
+             harness.fmt(r.get("seconds_median"), "ms"), harness.fmt(r.get("ratio_vs_floor"), "x"),
+             harness.fmt(r.get("peak_mem_mb")), harness.fmt(r.get("rel_error"), "err"),
+             harness.fmt(r.get("rel_error_vs_f64_same_method"), "err"), r.get("note", "")]
+            for r in records]
     text = [
         f"# Hypergradient benchmark ({meta['mode']})",
         "",
@@ -205,21 +178,8 @@ def render(records: list[dict[str, Any]], meta: dict[str, Any]) -> str:
         "Peak: MiB allocated by one call above what was live before it. Errors: relative, against",
         "the exact float64 hypergradient, and against float64 plain torch doing the same computation.",
         "",
-        harness.markdown_table(
-            [
-                "problem",
-                "size",
-                "method",
-                "library",
-                "ms",
-                "× floor",
-                "peak MiB",
-                "err vs exact",
-                "err vs f64 same",
-                "note",
-            ],
-            rows,
-        ),
+        harness.markdown_table(["problem", "size", "method", "library", "ms", "× floor", "peak MiB",
+                                "err vs exact", "err vs f64 same", "note"], rows),
         "",
         "## Targets (toolkit = `bilevel`)",
         "",
@@ -231,45 +191,20 @@ def render(records: list[dict[str, Any]], meta: dict[str, Any]) -> str:
         f"float64 plain torch (same computation) by more than {SAME_TOL:g} are wrong and excluded.",
         "",
     ]
-    trows = []
-    for t in targets(records):
-        trows.append(
-            [
-                t["problem"],
-                str(t["size"]),
-                t["method"],
-                harness.fmt(t["vs_floor"], "x"),
-                "yes" if t["floor_ok"] else "**MISSED**",
-                harness.fmt(t["vs_floor_best"], "x"),
-                t.get("fastest_peer", "–"),
-                harness.fmt(t.get("speedup_vs_fastest_peer"), "x"),
-                harness.fmt(t.get("speedup_vs_fastest_peer_best"), "x"),
-                harness.fmt(t.get("speedup_needed")),
-                "–" if "peer_ok" not in t else ("yes" if t["peer_ok"] else "**MISSED**"),
-                harness.fmt(t.get("mem_vs_least_peer"), "x"),
-                "–" if "mem_ok" not in t else ("yes" if t["mem_ok"] else "**MISSED**"),
-            ]
-        )
-    text.append(
-        harness.markdown_table(
-            [
-                "problem",
-                "size",
-                "method",
-                "toolkit / floor",
-                "≤ 1.1×",
-                "/ floor (best-of)",
-                "fastest peer",
-                "speedup",
-                "speedup (best-of)",
-                "need",
-                "peer ok",
-                "mem / least peer",
-                "mem ok",
-            ],
-            trows,
-        )
-    )
+    def verdict(t: dict[str, Any], key: str) -> str:
+        return "–" if key not in t else ("yes" if t[key] else "**MISSED**")
+
+    trows = [[t["problem"], str(t["size"]), t["method"], harness.fmt(t["vs_floor"], "x"),
+              verdict(t, "floor_ok"), harness.fmt(t["vs_floor_best"], "x"),
+              t.get("fastest_peer", "–"), harness.fmt(t.get("speedup_vs_fastest_peer"), "x"),
+              harness.fmt(t.get("speedup_vs_fastest_peer_best"), "x"),
+              harness.fmt(t.get("speedup_needed")), verdict(t, "peer_ok"),
+              harness.fmt(t.get("mem_vs_least_peer"), "x"), verdict(t, "mem_ok")]
+             for t in targets(records)]
+    text.append(harness.markdown_table(
+        ["problem", "size", "method", "toolkit / floor", "≤ 1.1×", "/ floor (best-of)",
+         "fastest peer", "speedup", "speedup (best-of)", "need", "peer ok", "mem / least peer",
+         "mem ok"], trows))
     return "\n".join(text) + "\n"
 
 
@@ -354,14 +289,12 @@ def warm_start_table(names: list[str], quick: bool, out: Path) -> str:
     return text
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument(
-        "--quick", action="store_true", help="small sizes, few repeats (< 5 min on 2 CPU cores)"
-    )
-    ap.add_argument(
-        "--smallest", action="store_true", help="only the smallest size of each problem (CI)"
-    )
+    ap.add_argument("--quick", action="store_true",
+                    help="small sizes, few repeats (< 5 min on 2 CPU cores)")
+    ap.add_argument("--smallest", action="store_true",
+                    help="only the smallest size of each problem (CI)")
     ap.add_argument("--problems", nargs="+", default=["quadratic", "logistic", "mlp"])
     ap.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
     ap.add_argument("--sizes", nargs="+", type=int, help="override the sizes (one problem only)")
@@ -369,28 +302,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=None, help="most timing rounds (default 200)")
     ap.add_argument("--budget", type=float, default=None, help="seconds of timing per method group")
     ap.add_argument("--device", default="cpu")
-    ap.add_argument(
-        "--threads",
-        type=int,
-        default=1,
-        help="torch CPU threads (1: least noisy on a shared machine)",
-    )
-    ap.add_argument(
-        "--out",
-        type=Path,
-        default=None,
-        help="output stem (default bench/results/hypergrad[_quick])",
-    )
-    ap.add_argument(
-        "--render", type=Path, default=None, help="only re-render this JSON file's table"
-    )
+    ap.add_argument("--threads", type=int, default=1,
+                    help="torch CPU threads (1: least noisy on a shared machine)")
+    ap.add_argument("--out", type=Path, default=None,
+                    help="output stem (default bench/results/hypergrad[_quick])")
+    ap.add_argument("--render", type=Path, default=None,
+                    help="only re-render this JSON file's table")
     ap.add_argument("--no-memory", action="store_true", help="skip the peak-memory runs (CI)")
-    ap.add_argument(
-        "--warm-start",
-        action="store_true",
-        help="only count AID's CG iterations with and without warm start (side by side)",
-    )
-    args = ap.parse_args(argv)
+    ap.add_argument("--warm-start", action="store_true",
+                    help="only count AID's CG iterations with and without warm start (side by side)")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
     if args.warm_start:
         torch.set_num_threads(args.threads)
         stem = harness.RESULTS / f"warm_start{'_quick' if args.quick else ''}"
@@ -415,13 +340,19 @@ def main(argv: list[str] | None = None) -> int:
         or harness.RESULTS
         / f"hypergrad{'_quick' if args.quick else ''}{'_' + device.type if device.type != 'cpu' else ''}"
     )
-    meta = {
-        "mode": mode,
-        "steps": args.steps,
-        "env": harness.environment(device),
-        "repeats": repeats,
-    }
+    meta = {"mode": mode, "steps": args.steps, "env": harness.environment(device),
+            "repeats": repeats}
     rec = harness.Recorder(out.with_suffix(".json"), meta)
+    _measure_all(args, device, repeats, budget_s, rec)
+    text = render(rec.records, meta)
+    out.with_suffix(".md").write_text(text)
+    print(text)
+    return 0
+
+
+def _measure_all(args: argparse.Namespace, device: torch.device, repeats: int, budget_s: float,
+                 rec: harness.Recorder) -> None:
+    """`measure` every method on every size of every problem, each record added to ``rec``."""
     for name in args.problems:
         sizes = args.sizes or (QUICK if args.quick else FULL)[name]
         if args.smallest:
@@ -433,24 +364,12 @@ def main(argv: list[str] | None = None) -> int:
             p64 = p64.cast(torch.float64, device)
             print(f"{name} size {p32.size} ({p64.exact_note}; {p64.detail})", flush=True)
             for method in args.methods:
-                for r in measure(
-                    p32,
-                    p64,
-                    method,
-                    args.steps,
-                    device=device,
-                    repeats=repeats,
-                    budget_s=budget_s,
-                    memory=not args.no_memory,
-                ):
+                for r in measure(p32, p64, method, args.steps, device=device, repeats=repeats,
+                                 budget_s=budget_s, memory=not args.no_memory):
                     r["detail"] = p64.detail
                     r["env_device"] = device.type
                     rec.add(r)
             del p32, p64
-    text = render(rec.records, meta)
-    out.with_suffix(".md").write_text(text)
-    print(text)
-    return 0
 
 
 if __name__ == "__main__":

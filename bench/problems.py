@@ -252,15 +252,8 @@ def logistic(d: int, *, n: int | None = None, lam: float = 0.1, seed: int = 0) -
     f_theta = torch.autograd.grad(upper(alpha, [wr], {"x": x_va, "y": y_va}), wr)[0]
     exact = -lam_vec * w * _logistic_hinv(x_tr, y_tr, w, lam_vec)(f_theta)
     prob = BenchProblem(
-        name="logistic",
-        size=d,
-        alpha=alpha,
-        theta=[w],
-        lower=lower,
-        upper=upper,
-        lower_batch={"x": x_tr, "y": y_tr},
-        upper_batch={"x": x_va, "y": y_va},
-        inner_lr=0.0,
+        name="logistic", size=d, alpha=alpha, theta=[w], lower=lower, upper=upper,
+        lower_batch={"x": x_tr, "y": y_tr}, upper_batch={"x": x_va, "y": y_va}, inner_lr=0.0,
         exact=exact,
         exact_note="float64 Newton solution; H^-1 by " + ("Cholesky" if d <= n else "Woodbury"),
         detail={"n_train": n, "n_val": n, "lower_grad_norm": float(grad.norm())},
@@ -290,17 +283,8 @@ def mlp_upper(al: torch.Tensor, th: list[torch.Tensor], b: dict[str, torch.Tenso
     return F.cross_entropy(_mlp_forward(th, b["x"]), b["y"])
 
 
-def mlp(
-    hidden: int,
-    *,
-    n_in: int = 128,
-    classes: int = 10,
-    n: int = 512,
-    lam: float = 0.1,
-    lbfgs_iters: int = 200,
-    ref_maxiter: int = 3000,
-    seed: int = 0,
-) -> BenchProblem:
+def mlp(hidden: int, *, n_in: int = 128, classes: int = 10, n: int = 512, lam: float = 0.1,
+        lbfgs_iters: int = 200, ref_maxiter: int = 3000, seed: int = 0) -> BenchProblem:
     """Two-hidden-layer tanh MLP classifier with a learned L2 strength; see the module docstring."""
     gen = torch.Generator().manual_seed(seed)
     shapes = [(hidden, n_in), (hidden,), (hidden, hidden), (hidden,), (classes, hidden), (classes,)]
@@ -323,14 +307,8 @@ def mlp(
     train, val = data(), data()
     alpha = torch.tensor([math.log(lam)], dtype=F64)
     theta = [t.requires_grad_(True) for t in init()]
-    opt = torch.optim.LBFGS(
-        theta,
-        max_iter=lbfgs_iters,
-        line_search_fn="strong_wolfe",
-        tolerance_grad=1e-12,
-        tolerance_change=1e-14,
-        history_size=20,
-    )
+    opt = torch.optim.LBFGS(theta, max_iter=lbfgs_iters, line_search_fn="strong_wolfe",
+                            tolerance_grad=1e-12, tolerance_change=1e-14, history_size=20)
 
     def closure() -> torch.Tensor:
         opt.zero_grad()
@@ -341,17 +319,9 @@ def mlp(
     opt.step(closure)
     theta = [t.detach() for t in theta]
     prob = BenchProblem(
-        name="mlp",
-        size=sum(t.numel() for t in theta),
-        alpha=alpha,
-        theta=theta,
-        lower=mlp_lower,
-        upper=mlp_upper,
-        lower_batch=train,
-        upper_batch=val,
-        inner_lr=0.0,
-        exact=torch.zeros(1, dtype=F64),
-        exact_note="",
+        name="mlp", size=sum(t.numel() for t in theta), alpha=alpha, theta=theta,
+        lower=mlp_lower, upper=mlp_upper, lower_batch=train, upper_batch=val, inner_lr=0.0,
+        exact=torch.zeros(1, dtype=F64), exact_note="",
     )
     th = [t.clone().requires_grad_(True) for t in theta]
     f_theta = list(torch.autograd.grad(mlp_upper(alpha, th, val), th))
@@ -362,13 +332,9 @@ def mlp(
     prob.exact_note = f"float64 CG on the exact HVP, relative residual {residual:.1e}"
     lmax = _lambda_max(prob)
     prob.inner_lr = 1.0 / lmax
-    prob.detail = {
-        "hidden": hidden,
-        "n_train": n,
-        "n_val": n,
-        "lower_grad_norm": math.sqrt(sum(float(g.square().sum()) for g in g_theta)),
-        "cond_upper_bound": lmax / lam,
-    }
+    prob.detail = {"hidden": hidden, "n_train": n, "n_val": n,
+                   "lower_grad_norm": math.sqrt(sum(float(g.square().sum()) for g in g_theta)),
+                   "cond_upper_bound": lmax / lam}
     return prob
 
 

@@ -233,7 +233,7 @@ def _ece(ol: torch.Tensor, examples: list) -> float:
     return float(metrics.conf_ece(torch.softmax(ol.double(), -1), y))
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="tiny model, 8 questions, 1 round")
     ap.add_argument("--model", default=None, choices=("smollm2", "tiny"))
@@ -255,17 +255,19 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--no-agreement", action="store_true", help="timing only")
     ap.add_argument("--no-timing", action="store_true", help="agreement only")
     ap.add_argument("--out", type=Path, default=None)
-    args = ap.parse_args(argv)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    args = _parser().parse_args(argv)
     model = args.model or ("tiny" if args.quick else "smollm2")
     n = args.n or (8 if args.quick else 120)
     rounds = args.rounds or (1 if args.quick else 2)
     out = args.out or harness.RESULTS / ("scoring_quick" if args.quick else "scoring")
 
     ctx = make_context(model, n=n)
-    lay0 = args.layouts[0]
     sets = question_sets(ctx, list(args.sets), n)
     checks = {**sets, **question_sets(ctx, [s for s in args.check_sets if s not in sets], n)}
-    K = ctx.cfg.data.max_options
     meta = {"env": harness.environment(torch.device("cpu")), "model": model, "n": n,
             "rounds": rounds, "max_length": ctx.cfg.model.max_length}
     rec = harness.Recorder(out.with_suffix(".json"), meta)
@@ -276,17 +278,30 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         except ImportError as e:
             meta["lm_eval"] = f"skipped: {e}"
     other = {dt: make_context(model, dtype=dt, n=n) for dt in args.dtype if dt != "fp32"}
-    tok_s = dense_throughput(ctx)
-    meta["dense_tokens_per_s"] = tok_s
+    meta["dense_tokens_per_s"] = dense_throughput(ctx)
     meta["head_to_body_flops"] = head_to_body_flops(ctx)
 
-    # -- correctness, before timing: every candidate against the old layout ------------------
-    cut_ctx = ctx if args.no_agreement else make_context(model, n=n, max_length=args.cut_length)
+    if not args.no_agreement:  # correctness first: every candidate against the old layout
+        _agreement(args, ctx, model, n, checks, lmevals, other, rec)
+    if not args.no_timing:
+        _timing(args, ctx, sets, rounds, lmevals, other, meta, rec)
+    write_markdown(out.with_suffix(".md"), meta, rec.records)
+    return {"meta": meta, "records": rec.records}
+
+
+def _agreement(args: argparse.Namespace, ctx: Any, model: str, n: int,
+               checks: dict[str, list], lmevals: dict[str, LmEval], other: dict[str, Any],
+               rec: harness.Recorder) -> None:
+    """One ``agreement`` record per question set and candidate: its option log-likelihoods
+    against the old layout's (and an exact float64 recomputation), on every set and on one
+    set cut to ``--cut-length`` tokens."""
+    K, lay0 = ctx.cfg.data.max_options, args.layouts[0]
+    cut_ctx = make_context(model, n=n, max_length=args.cut_length)
     # the set with the longest questions, so that the short max_length cuts many of them
     cut_set = max(checks, key=lambda k: sum(len(ex.question) for ex in checks[k]) / len(checks[k]))
     cut_name = f"{cut_set}@max_length={args.cut_length}"
     cut_examples = [ex for ex in checks[cut_set] if _fits(cut_ctx.collator, ex)]
-    for name, examples in [] if args.no_agreement else [*checks.items(), (cut_name, cut_examples)]:
+    for name, examples in [*checks.items(), (cut_name, cut_examples)]:
         c = cut_ctx if name == cut_name else ctx
         ref = predict_before(c, examples)
         exact = predict_before(c, examples, exact=True)
@@ -306,8 +321,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                      "accuracy_before": _accuracy(ref, examples), "conf_ece": _ece(ol, examples),
                      "conf_ece_before": _ece(ref, examples)})
 
-    # -- timing, round-robin per set ---------------------------------------------------------
-    for name, examples in {} if args.no_timing else sets.items():
+
+def _timing(args: argparse.Namespace, ctx: Any, sets: dict[str, list], rounds: int,
+            lmevals: dict[str, LmEval], other: dict[str, Any], meta: dict[str, Any],
+            rec: harness.Recorder) -> None:
+    """One ``timing`` record per question set and candidate, the candidates timed round-robin,
+    each against the token floor of a dense forward."""
+    K, lay0, tok_s = ctx.cfg.data.max_options, args.layouts[0], meta["dense_tokens_per_s"]
+    for name, examples in sets.items():
         ex = examples
         b0 = args.budgets[0]
         runs = {f"{lay}@{b}": (lambda b=b, ex=ex, lay=lay: predict_shared(ctx, ex, b, lay))
@@ -333,8 +354,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                      "floor_seconds": floor_s, "x_floor": s / floor_s,
                      "floor_head_seconds": floor_head_s, "x_floor_head": s / floor_head_s,
                      "speedup_vs_lm_eval": (lm_best / s) if lm_best else None})
-    write_markdown(out.with_suffix(".md"), meta, rec.records)
-    return {"meta": meta, "records": rec.records}
 
 
 def write_markdown(path: Path, meta: dict[str, Any], records: list[dict[str, Any]]) -> None:

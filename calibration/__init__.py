@@ -16,8 +16,8 @@ from typing import Any
 
 __version__ = "0.1.0"
 
-__all__ = ["__version__", "alpha", "alpha_table", "metrics", "objectives", "plots", "posthoc", "semantic",
-           "stats"]
+__all__ = ["__version__", "alpha", "alpha_table", "metrics", "objectives", "plots", "posthoc",
+           "registry", "semantic", "stats"]
 
 _SUBMODULES = frozenset(__all__) - {"__version__"}
 

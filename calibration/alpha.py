@@ -59,7 +59,6 @@ from calibration.alpha_table import NAMES, POSITIVITIES, TEMPERATURE_OPTIONS, Op
 __all__ = [
     "NAMES",
     "POSITIVITIES",
-    "REGISTRY",
     "TEMPERATURE_OPTIONS",
     "Affine",
     "ClassTemperature",
@@ -136,9 +135,16 @@ class Transform:
     one ``index_copy``, casts to the logits' dtype, and provides ``deviation`` and ``options``.
     The options of a registered name are normalized by its `alpha_table` entry on
     construction (aliases mapped, values checked).
+
+    ``name`` is read from the table (`alpha_table.name_of`): the name is given once, at
+    registration, so a subclass cannot export itself under its parent's name.
     """
 
-    name: ClassVar[str] = "transform"
+    @property
+    def name(self) -> str:
+        """The name this class is registered under (what an export records and reloads)."""
+        registered = alpha_table.name_of(type(self))
+        return registered if registered is not None else f"<unregistered {type(self).__name__}>"
 
     def __post_init__(self) -> None:
         if self.name in alpha_table.SPECS:
@@ -281,7 +287,6 @@ def _check_class_ids(class_ids: torch.Tensor, v: int, device: torch.device) -> t
 class Identity(Transform):
     """z: no parameters (the baseline of a comparison)."""
 
-    name: ClassVar[str] = "identity"
 
     def inverse(self, params: Params, z: torch.Tensor) -> torch.Tensor:
         return z
@@ -291,7 +296,6 @@ class Identity(Transform):
 class Temperature(Transform):
     """z / τ with one scalar τ = positivity(tau_raw)."""
 
-    name: ClassVar[str] = "temperature"
     positivity: Positivity = "log"
     tau_max: float = 20.0
     per_class: ClassVar[bool] = False
@@ -319,7 +323,6 @@ class Temperature(Transform):
 class ClassTemperature(Temperature):
     """z_j / τ_j, one τ per class."""
 
-    name: ClassVar[str] = "class_temperature"
     per_class: ClassVar[bool] = True
 
 
@@ -327,7 +330,6 @@ class ClassTemperature(Temperature):
 class Shift(Transform):
     """z_j + l_j, one shift per class (a log-prior correction)."""
 
-    name: ClassVar[str] = "shift"
 
     def layout(self, K: int) -> dict[str, tuple[tuple[int, ...], float]]:
         return {"shift": ((K,), 0.0)}
@@ -343,7 +345,6 @@ class Shift(Transform):
 class Affine(ClassTemperature):
     """z_j / τ_j + l_j (``form="scale_shift"``) or (z_j + l_j) / τ_j (``form="shift_scale"``)."""
 
-    name: ClassVar[str] = "affine"
     form: Form = "scale_shift"
 
     def layout(self, K: int) -> dict[str, tuple[tuple[int, ...], float]]:
@@ -368,30 +369,24 @@ class Affine(ClassTemperature):
 
 
 # ---- the registry ---------------------------------------------------------------------------
-REGISTRY: dict[str, Callable[..., Parameterization]] = {
-    cls.name: cls for cls in (Affine, Temperature, ClassTemperature, Shift, Identity)
-}
-assert set(REGISTRY) == set(alpha_table.SPECS), "alpha_table lists the built-in names"
-
-
 def register(
     name: str,
     factory: Callable[..., Parameterization] | None = None,
     *,
     options: Mapping[str, Option] | None = None,
     learns: bool = True,
+    replace: bool = False,
 ) -> Any:
     """Add the parameterization ``factory(**options) -> Parameterization`` under ``name``
     (usable as a class decorator): `get`, `NAMES` and `alpha_table` (hence a CLI's choices)
     see it at once. ``options`` declares each option (`Option`: default, choices, aliases,
-    check); ``learns=False`` for one without parameters. Replaces a registration of the same
-    name."""
+    check); ``learns=False`` for one without parameters. A taken name is refused unless
+    ``replace``. A `Transform` subclass needs no name of its own: it reads this one."""
 
     def add(f: Callable[..., Parameterization]) -> Callable[..., Parameterization]:
         if not callable(f):
             raise TypeError(f"alpha {name!r}: the factory must be callable, got {f!r}")
-        alpha_table.add(alpha_table.Spec(name, dict(options or {}), learns))
-        REGISTRY[name] = f
+        alpha_table.add(alpha_table.Spec(name, dict(options or {}), learns, f), replace=replace)
         return f
 
     return add if factory is None else add(factory)
@@ -399,8 +394,13 @@ def register(
 
 def get(name: str, **options: Any) -> Parameterization:
     """The parameterization registered as ``name`` (see the module table), with ``options``
-    (``form`` for "affine"; ``positivity`` and ``tau_max`` for those with a temperature)."""
+    (``form`` for "affine"; ``positivity`` and ``tau_max`` for those with a temperature).
+    Raises ValueError for an unknown name or option, and TypeError when what the factory
+    made reports another name (it would be exported, and reloaded, as that one)."""
     resolved = alpha_table.resolve(name, options)
-    if name not in REGISTRY:
-        raise ValueError(f"alpha {name!r} is listed but has no implementation; use register()")
-    return REGISTRY[name](**resolved)
+    p = alpha_table.SPECS.get(name).load()(**resolved)
+    if getattr(p, "name", None) != name:
+        raise TypeError(f"alpha {name!r}: its factory made {type(p).__name__} named "
+                        f"{getattr(p, 'name', None)!r}; a parameterization must report the name "
+                        "it is registered under (a Transform subclass does so by itself)")
+    return p

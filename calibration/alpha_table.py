@@ -1,11 +1,13 @@
 """The table of α parameterizations by name, and each one's options, without torch.
 
-`calibration.alpha` holds the transforms themselves (they need torch); this module holds what a
-command line needs to list and check them (their names, options, allowed values and defaults),
-so that a CLI can offer the registered names and validate a choice before torch is imported.
-`calibration.alpha.register` writes both at once, so they cannot disagree.
+`calibration.alpha` holds the transforms themselves (they need torch); this module holds the
+one table of them, `SPECS` (a `calibration.registry.Registry` of `Spec`): each entry's name
+(given once: a transform's ``name`` is read from here), its options, allowed values and
+defaults, and its factory (``"module:attr"``, imported on first use), so that a CLI can offer
+the registered names and validate a choice before torch is imported.
+`calibration.alpha.register` adds an entry.
 
-    spec = SPECS["affine"]                      # Spec(name, options, learns)
+    spec = SPECS["affine"]                      # Spec(name, options, learns, factory)
     resolve("affine", {"form": "z/tau+l"})      # {"form": "scale_shift", "positivity": "log",
                                                 #  "tau_max": 20.0}: aliases mapped, defaults filled
     "temperature" in NAMES                      # a live view: later registrations appear
@@ -13,12 +15,15 @@ so that a CLI can offer the registered names and validate a choice before torch 
 
 from __future__ import annotations
 
+import importlib
 import math
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["NAMES", "POSITIVITIES", "Names", "Option", "SPECS", "Spec", "add", "resolve"]
+from calibration.registry import Names, Registry
+
+__all__ = ["NAMES", "POSITIVITIES", "Names", "Option", "SPECS", "Spec", "add", "name_of", "resolve"]
 
 POSITIVITIES: tuple[str, ...] = ("log", "softplus", "bounded")
 
@@ -53,12 +58,36 @@ class Option:
 
 @dataclass(frozen=True)
 class Spec:
-    """A parameterization's name, its options (name → `Option`) and whether it has parameters
-    to learn (the identity has none, so a CLI that trains α does not offer it)."""
+    """A parameterization's name, its options (name → `Option`), whether it has parameters
+    to learn (the identity has none, so a CLI that trains α does not offer it) and its factory:
+    ``factory(**options) -> Parameterization``, a callable or ``"module:attr"``."""
 
     name: str
     options: Mapping[str, Option] = field(default_factory=dict)
     learns: bool = True
+    factory: str | Callable[..., Any] = ""
+
+    def load(self) -> Callable[..., Any]:
+        """The factory (imported on first use when given as ``"module:attr"``)."""
+        if callable(self.factory):
+            return self.factory
+        module, _, attr = self.factory.partition(":")
+        return getattr(importlib.import_module(module), attr)
+
+    def made_by(self, factory: Any) -> bool:
+        """Whether ``factory`` (a class, usually) is this entry's factory, without importing."""
+        if callable(self.factory):
+            return self.factory is factory
+        where = f"{getattr(factory, '__module__', '')}:{getattr(factory, '__qualname__', '')}"
+        return self.factory == where
+
+
+def _check_spec(spec: Spec) -> None:
+    if not isinstance(spec, Spec):
+        raise TypeError(f"expected a Spec, got {type(spec).__name__}")
+    if not (callable(spec.factory) or ":" in str(spec.factory)):
+        raise TypeError(f"alpha {spec.name!r}: the factory must be callable or 'module:attr', "
+                        f"got {spec.factory!r}")
 
 
 def _tau_max(value: Any) -> float:
@@ -80,68 +109,42 @@ FORM = Option(
 TEMPERATURE_OPTIONS: Mapping[str, Option] = {"positivity": POSITIVITY, "tau_max": TAU_MAX}
 
 # The default of a CLI that learns α first: the CLI lists the names in this order.
-SPECS: dict[str, Spec] = {
-    s.name: s
-    for s in (
-        Spec("affine", {"form": FORM, **TEMPERATURE_OPTIONS}),
-        Spec("temperature", TEMPERATURE_OPTIONS),
-        Spec("class_temperature", TEMPERATURE_OPTIONS),
-        Spec("shift"),
-        Spec("identity", learns=False),
-    )
-}
+SPECS: Registry[Spec] = Registry("alpha parameterization", check=_check_spec)
+_ALPHA = "calibration.alpha:"
+for _spec in (
+    Spec("affine", {"form": FORM, **TEMPERATURE_OPTIONS}, factory=_ALPHA + "Affine"),
+    Spec("temperature", TEMPERATURE_OPTIONS, factory=_ALPHA + "Temperature"),
+    Spec("class_temperature", TEMPERATURE_OPTIONS, factory=_ALPHA + "ClassTemperature"),
+    Spec("shift", factory=_ALPHA + "Shift"),
+    Spec("identity", learns=False, factory=_ALPHA + "Identity"),
+):
+    SPECS.register(_spec)
+del _spec
+
+NAMES = SPECS.names()
 
 
-class Names(Sequence[str]):
-    """The registered names, read from `SPECS` on every use (a registration made after this
-    view was created is in it); ``learns_only`` leaves out the parameterizations without
-    parameters. Usable wherever a tuple of choices is (``in``, iteration, ``len``)."""
-
-    def __init__(self, *, learns_only: bool = False):
-        self.learns_only = learns_only
-
-    def _names(self) -> tuple[str, ...]:
-        return tuple(n for n, s in SPECS.items() if s.learns or not self.learns_only)
-
-    def __getitem__(self, i: Any) -> Any:
-        return self._names()[i]
-
-    def __len__(self) -> int:
-        return len(self._names())
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._names())
-
-    def __contains__(self, name: object) -> bool:
-        return name in self._names()
-
-    def __eq__(self, other: object) -> bool:
-        return tuple(self) == (tuple(other) if isinstance(other, Sequence) else other)
-
-    def __hash__(self) -> int:
-        return hash(self._names())
-
-    def __repr__(self) -> str:
-        return repr(self._names())
+def learned_names() -> Names:
+    """The live names of the parameterizations with parameters to learn (a CLI's choices)."""
+    return SPECS.names(lambda s: s.learns)
 
 
-NAMES = Names()
+def add(spec: Spec, *, replace: bool = False) -> Spec:
+    """Put ``spec`` in the table; a taken name is refused unless ``replace``."""
+    return SPECS.register(spec, replace=replace)
 
 
-def add(spec: Spec) -> None:
-    """Put ``spec`` in the table (replacing one of the same name)."""
-    if not isinstance(spec, Spec):
-        raise TypeError(f"expected a Spec, got {type(spec).__name__}")
-    SPECS[spec.name] = spec
+def name_of(factory: Any) -> str | None:
+    """The registered name whose factory is ``factory`` (a `calibration.alpha.Transform`
+    subclass reads its ``name`` here), or None when it is not registered."""
+    return next((n for n, s in SPECS.items() if s.made_by(factory)), None)
 
 
 def resolve(name: str, options: Mapping[str, Any]) -> dict[str, Any]:
     """Every option of ``name``: the given ones normalized (`Option.normalize`), the others
     at their default. Raises ValueError for an unknown name, an option the parameterization
     does not take, or a value its option refuses."""
-    if name not in SPECS:
-        raise ValueError(f"unknown alpha parameterization {name!r}; choose one of {list(NAMES)}")
-    declared = SPECS[name].options
+    declared = SPECS.get(name).options  # an unknown name: a ValueError listing the names
     unknown = set(options) - set(declared)
     if unknown:
         raise ValueError(

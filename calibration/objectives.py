@@ -10,8 +10,8 @@ ValueError when no row is kept (a mean over nothing has no value to return).
 - ``confidence_penalty``: CE − β·entropy (Pereyra et al. 2017), over the same rows
 - ``estimate_bin_accuracy`` / ``ece_regularizer``: the RCFT E-step and M-step (CFT paper)
 - ``soft_binned_ece``:    a differentiable ECE (soft bin memberships; Karandikar et al. 2021)
-- ``CALIBRATION_LOSSES`` / ``calibration_loss(name)``: the losses a calibration parameter can be
-  fitted to, each ``(logits (N, K), labels (N,)) -> scalar`` to minimize: ``"entropy"``
+- ``CALIBRATION_LOSSES`` (a `calibration.registry.Registry`) / ``calibration_loss(name)``: the
+  losses a calibration parameter can be fitted to, each ``(logits (N, K), labels (N,)) -> scalar`` to minimize: ``"entropy"``
   (−mean entropy, CALM's upper level; its optimum is the uniform distribution, so it needs a
   constraint such as CALM's lower level), ``"nll"`` and ``"soft_ece"`` (optimum at calibration)
 """
@@ -19,16 +19,22 @@ ValueError when no row is kept (a mean over nothing has no value to return).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
 from calibration._checks import check_n_bins
 from calibration.binning import bin_index
+from calibration.registry import Registry
 
 __all__ = [
     "CALIBRATION_LOSSES",
+    "CalibrationLoss",
     "calibration_loss",
+    "label_nll",
+    "neg_entropy",
     "confidence_penalty",
     "cross_entropy",
     "ece_regularizer",
@@ -321,29 +327,39 @@ def soft_binned_ece(
     return (gap.abs() * (mass > 0)).sum() / logits.shape[0]
 
 
-def _neg_entropy(logits: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
+def neg_entropy(logits: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
+    """−mean entropy of softmax(logits) (N, K): CALM's label-free upper loss; ``labels`` is
+    accepted and ignored, so every calibration loss has one signature."""
     return -entropy(logits)
 
 
-def _nll(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+def label_nll(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy of ``labels`` (N,) under softmax(logits) (N, K)."""
     return cross_entropy(logits, labels)
 
 
-CALIBRATION_LOSSES = {
-    "entropy": _neg_entropy,
-    "nll": _nll,
-    "soft_ece": soft_binned_ece,
-}
-# whether the loss reads the labels (entropy does not: CALM's upper level is label-free)
-USES_LABELS = {"entropy": False, "nll": True, "soft_ece": True}
+@dataclass(frozen=True)
+class CalibrationLoss:
+    """One entry of `CALIBRATION_LOSSES`: ``fn(logits (N, K), labels (N,)) -> scalar``, the
+    loss a calibration parameter (α, a temperature) is fitted to; ``summary``: one line."""
+
+    name: str
+    fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    summary: str = ""
 
 
-def calibration_loss(name: str):
+CALIBRATION_LOSSES: Registry[CalibrationLoss] = Registry("calibration loss")
+CALIBRATION_LOSSES.register(CalibrationLoss(
+    "entropy", neg_entropy, "−mean entropy (label-free; optimum at the uniform distribution)"))
+CALIBRATION_LOSSES.register(CalibrationLoss(
+    "nll", label_nll, "mean cross-entropy of the labels (optimum at calibration)"))
+CALIBRATION_LOSSES.register(CalibrationLoss(
+    "soft_ece", soft_binned_ece, "soft-binned ECE, Karandikar et al. 2021 (optimum at calibration)"))
+
+
+def calibration_loss(name: str) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
     """The loss ``(logits (N, K), labels (N,)) -> scalar`` registered as ``name``
     (``CALIBRATION_LOSSES``): "entropy" = −mean entropy, "nll" = mean cross-entropy of the
-    labels, "soft_ece" = `soft_binned_ece`."""
-    if name not in CALIBRATION_LOSSES:
-        raise ValueError(
-            f"unknown calibration loss {name!r}; choose one of {sorted(CALIBRATION_LOSSES)}"
-        )
-    return CALIBRATION_LOSSES[name]
+    labels, "soft_ece" = `soft_binned_ece`. An unknown name is a ValueError listing the
+    registered ones."""
+    return CALIBRATION_LOSSES.get(name).fn

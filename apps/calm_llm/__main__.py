@@ -2,15 +2,22 @@
 
 ``--resume DIR`` continues a killed run with the configuration saved in ``DIR/config.json``
 (flags given next to it override that file and must not change the results-relevant options).
+
+Errors: a `apps.errors.CalmError` (raised on purpose; its message names the option or file and
+the fix) is printed in one line, exit status 2 before the run starts (the configuration) and 1
+after; a plugin that fails to import is one line naming it, then its own traceback; anything
+else is a bug and propagates with its traceback.
 """
 
 from __future__ import annotations
 
 import sys
+import traceback
 import warnings
 from pathlib import Path
 
-from .config import ConfigError, parse_args
+from ..errors import CalmError, ConfigError, PluginError
+from .config import parse_args
 
 
 def _with_resume_config(argv: list[str]) -> list[str]:
@@ -33,10 +40,15 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         cfg = parse_args(_with_resume_config(argv))
-    except ConfigError as e:
+    except PluginError as e:
+        # the bug is in the plugin's code: its own traceback, under one line naming the module
+        print(f"error: {e}", file=sys.stderr)
+        traceback.print_exception(e.__cause__ or e, file=sys.stderr)
+        return 2
+    except CalmError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    from .train import NonFiniteLoss, run  # heavy imports only after the config is valid
+    from .train import run  # heavy imports only after the config is valid
 
     # transformers 5 deprecates a name that peft still calls on every LoRA load: noise, not news
     warnings.filterwarnings(
@@ -47,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
         from .open_qa.run import run  # the free-form answer protocol (docs/open_qa.md)
     try:
         run(cfg)
-    except (NonFiniteLoss, ValueError) as e:
+    except CalmError as e:  # anything else is a bug: its traceback is what finds it
         print(f"error: {e}", file=sys.stderr)
         return 1
     return 0

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..errors import RunRefused
 from .io import CorruptFile, atomic_save_tensors, atomic_write_text, read_json, read_tensors
 
 FORMAT = 1
@@ -177,7 +178,7 @@ def load(directory: str | Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]
     fix = f"Delete the folder {d} to train this method again from its start."
     meta = read_json(d / "state.json", fix)
     if meta.get("format") != FORMAT:
-        raise ValueError(f"{d}: checkpoint format {meta.get('format')} (this code reads {FORMAT})")
+        raise RunRefused(f"{d}: checkpoint format {meta.get('format')} (this code reads {FORMAT})")
     path = d / "state.safetensors"
     data = path.read_bytes()
     if "sha256" in meta and hashlib.sha256(data).hexdigest() != meta["sha256"]:
@@ -193,12 +194,12 @@ def restore(directory: str | Path, *, method: Any, lm: Any, config_hash: str) ->
     """
     tensors, meta = load(directory)
     if meta["config_hash"] != config_hash:
-        raise ValueError(
+        raise RunRefused(
             f"{directory}: written by a run with config hash {meta['config_hash']}, this run's "
             f"is {config_hash}; resume with the run's own config.json"
         )
     if meta["method"] != method.name:
-        raise ValueError(f"{directory}: a checkpoint of {meta['method']!r}, not {method.name!r}")
+        raise RunRefused(f"{directory}: a checkpoint of {meta['method']!r}, not {method.name!r}")
     lm.load_inner({k[5:]: v for k, v in tensors.items() if k.startswith("lora.")})
     with torch.no_grad():
         for n, p in method.outer_params().items():

@@ -33,6 +33,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ..errors import ConfigError
+
 
 class _MeanGrad(torch.autograd.Function):
     """Identity forward; backward = all-reduce mean of the incoming gradient over ranks."""
@@ -158,7 +160,7 @@ def init(backend: str | None = None, *, fsdp: bool = False) -> Dist:
     sharding itself is `shard_frozen_base`, not accelerate's wrapping policy).
     """
     if _env_true("ACCELERATE_USE_DEEPSPEED"):
-        raise RuntimeError(
+        raise ConfigError(
             "DeepSpeed is not supported by the CALM runner (its engine owns the module's "
             "parameters, while the objectives call the model through torch.func.functional_call "
             "over the LoRA tensors); use apps/calm_llm/configs/accelerate-fsdp.yaml to shard the "
@@ -166,7 +168,7 @@ def init(backend: str | None = None, *, fsdp: bool = False) -> Dist:
         )
     fsdp = fsdp or _env_true("ACCELERATE_USE_FSDP")
     if fsdp and _env_true("FSDP_OFFLOAD_PARAMS"):
-        raise RuntimeError(
+        raise ConfigError(
             "fsdp_offload_params is not supported by the CALM runner (the LoRA tensors stay on the "
             "GPU outside FSDP); set it to false in the accelerate config"
         )
@@ -219,17 +221,17 @@ def shard_frozen_base(model: nn.Module, d: Dist, device: torch.device) -> nn.Mod
     from torch.distributed.fsdp import fully_shard
 
     if d.world <= 1:
-        raise ValueError("FSDP needs several processes (accelerate launch / torchrun)")
+        raise ConfigError("FSDP needs several processes (accelerate launch / torchrun)")
     frozen = [p for p in model.parameters() if not p.requires_grad]
     if any(not p.is_floating_point() or type(p) is not nn.Parameter for p in frozen):
-        raise ValueError(
+        raise ConfigError(
             "FSDP cannot shard quantized (4/8-bit) base weights here; use --quantization none "
             "with FSDP, or the DDP config with --quantization 4bit"
         )
     trainable = {p for p in model.parameters() if p.requires_grad}
     blocks = transformer_blocks(model)
     if not blocks:
-        raise ValueError(
+        raise ConfigError(
             f"FSDP: found no transformer blocks in {type(model).__name__} (no _no_split_modules); "
             "the DDP config works for any model"
         )

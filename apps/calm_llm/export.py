@@ -28,6 +28,8 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import LogitsProcessor
 
+from ..errors import CalmError
+
 
 def export_method(out_dir: str | Path, lm: Any, method: Any) -> Path:
     """Write the adapter and (when the method learned one) α of a trained method."""
@@ -128,7 +130,7 @@ def _recorded_options(meta: dict[str, Any]) -> dict[str, Any]:
 
 
 # -- which base an export belongs to ---------------------------------------------------------------
-class BaseMismatch(ValueError):
+class BaseMismatch(CalmError, ValueError):
     """An export applied to another base model than the one it was trained on."""
 
 

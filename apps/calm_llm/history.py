@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from ..errors import DataError
 from .io import atomic_write_text
 
 # panels of the training figure: (title, keys drawn); a panel is drawn when a key is present
@@ -81,7 +82,7 @@ def read_history(path: str | Path) -> list[dict[str, Any]]:
             try:
                 out.append(json.loads(line))
             except json.JSONDecodeError as e:
-                raise ValueError(f"{path}: line {n} is not JSON ({e.msg})") from e
+                raise DataError(f"{path}: line {n} is not JSON ({e.msg})") from e
     return out
 
 

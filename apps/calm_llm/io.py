@@ -19,8 +19,10 @@ import torch
 from safetensors.torch import load as safetensors_load
 from safetensors.torch import save as safetensors_save
 
+from ..errors import CalmError
 
-class CorruptFile(ValueError):
+
+class CorruptFile(CalmError, ValueError):
     """A file of a run directory that cannot be read back; the message names it and the fix."""
 
 

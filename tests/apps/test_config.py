@@ -134,3 +134,21 @@ def test_split_seed_fixes_the_questions_across_training_seeds():
     assert ids(["--seed", "5"]) != fixed
     with pytest.raises(C.ConfigError, match="--split-seed"):
         C.parse_args(["--split-seed", "-2"])
+
+
+def test_rcft_and_label_smoothing_options_are_their_methods_own_with_the_same_flags():
+    cfg = C.parse_args(["--methods", "rcft", "label_smoothing", "--rcft-weight", "0.3",
+                        "--label-smoothing", "0.2", "--label-smoothing-scope", "vocab"])
+    assert cfg.options_of("rcft").weight == 0.3 and cfg.options_of("label_smoothing").epsilon == 0.2
+    assert not hasattr(cfg.train, "rcft_weight") and not hasattr(cfg.train, "label_smoothing")
+    # their flags are compared in every run, as when they were train options: no hash moved
+    assert {"--rcft-weight", "--label-smoothing", "--label-smoothing-scope"} <= set(
+        C.parse_args([]).comparable())
+    with pytest.raises(C.ConfigError, match="--rcft-weight: must be >= 0, got -1.0"):
+        C.parse_args(["--rcft-weight", "-1"])
+    # a config.json written when they were train options loads into the new place
+    old = C.from_dict({"train": {"rcft_weight": 0.25, "label_smoothing_scope": "options",
+                                 "lr": 0.01}})
+    assert old.options_of("rcft").weight == 0.25 and old.train.lr == 0.01
+    assert old.options_of("label_smoothing").scope == "options"
+    assert C.from_dict(cfg.to_dict()).comparable() == cfg.comparable()

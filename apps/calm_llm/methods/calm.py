@@ -19,6 +19,7 @@ a θ step on g, no coupling term), ``calm_regularization`` (min over (α, θ) of
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 from collections.abc import Iterator
 from typing import Any
@@ -28,17 +29,19 @@ import torch
 import bilevel
 from calibration import objectives
 
+from ...errors import ConfigError
 from .. import scoring, solvers
 from . import spec
 from .alpha_wiring import Alpha, answer_token_ids, make_alpha
 from .base import Context, Method, finite_option_logits, gold_only, lr_lambda
+from .upper import UPPER_LOSSES
 
 
 class CalmObjectives:
     """The two objectives as plain functions ``(outer, inner, batch) -> scalar``.
 
-    Where α acts is ``--alpha-acts`` (see `alpha_wiring`); the upper loss is
-    ``calibration.objectives.calibration_loss(--upper-loss)`` plus the prior
+    Where α acts is ``--alpha-acts`` (see `alpha_wiring`); the upper loss is the
+    ``--upper-loss`` entry of `upper.UPPER_LOSSES` on ``--upper-objective`` plus the prior
     δ·½‖α − identity‖² (``--alpha-decay``). ``last`` holds the calibration batch's mean
     entropy and confidence of the α-adjusted option distribution at the last upper call.
     """
@@ -48,7 +51,11 @@ class CalmObjectives:
         c = ctx.cfg.calm
         self.vocab_alpha_lower = c.alpha_acts == "lower_and_inference"
         self.vocab_alpha_upper = alpha.on == "vocab"
-        self.loss = objectives.calibration_loss(c.upper_loss)
+        # validation has checked that the loss acts on what this run reads (`UpperLoss.acts_on`)
+        loss = UPPER_LOSSES.get(c.upper_loss)
+        self.on_options = loss.function("options") if "options" in loss.acts_on else None
+        self.on_answer_tokens = (loss.function("answer_tokens")
+                                 if "answer_tokens" in loss.acts_on else None)
         self.last: dict[str, float] = {}
 
     def lower(self, outer: dict, inner: dict, batch) -> torch.Tensor:
@@ -74,16 +81,13 @@ class CalmObjectives:
         if batch.mode == "instruction":  # open QA: free-form gold answers, no options
             return self._answer_token_upper(outer, z, batch)
         if c.upper_objective == "answer_tokens":
-            if c.upper_loss == "nll":
-                f = scoring.lm_loss(z, gold_only(batch))
-            else:
-                f = -objectives.entropy(scoring.answer_logits(z, batch))
+            f = self.on_answer_tokens(z, batch)
             ol = self.ctx.option_logits(z.detach(), batch)
         else:
             ol = self.ctx.option_logits(z, batch)
             if not self.vocab_alpha_upper:
                 ol = self.alpha.apply(outer_s, ol)
-            f = self.loss(finite_option_logits(ol), batch.labels)
+            f = self.on_options(finite_option_logits(ol), batch.labels)
             ol = ol.detach()
         if c.alpha_decay > 0:
             f = f + c.alpha_decay * self.alpha.param.deviation(outer)
@@ -98,11 +102,12 @@ class CalmObjectives:
 
     def _answer_token_upper(self, outer: dict, z: torch.Tensor, batch) -> torch.Tensor:
         """Open QA's f: the mean entropy (negated) of the α-adjusted next-token distributions
-        at the gold answers' token positions, or (``--upper-loss nll``) their CE; ``last``
-        records the token-level entropy and confidence (max probability)."""
+        at the gold answers' token positions, or (``--upper-loss nll``) their CE: the loss's
+        ``on_answer_tokens``; ``last`` records the token-level entropy and confidence (max
+        probability)."""
         c = self.ctx.cfg.calm
+        f = self.on_answer_tokens(z, batch)
         za = scoring.answer_logits(z, batch)
-        f = scoring.lm_loss(z, batch) if c.upper_loss == "nll" else -objectives.entropy(za)
         if c.alpha_decay > 0:
             f = f + c.alpha_decay * self.alpha.param.deviation(outer)
         with torch.no_grad():
@@ -115,37 +120,53 @@ class CalmObjectives:
         return bilevel.Problem(upper=self.upper, lower=self.lower)
 
 
+# the built-in upper losses on the answer tokens (`upper.UPPER_LOSSES`): ``f(logits, batch)``
+def neg_entropy_at_answer_tokens(logits: torch.Tensor, batch: Any) -> torch.Tensor:
+    """−mean entropy of the next-token distributions at every answer token (every option's,
+    in cloze multiple choice; the gold answer's, in open QA)."""
+    return -objectives.entropy(scoring.answer_logits(logits, batch))
+
+
+def nll_at_answer_tokens(logits: torch.Tensor, batch: Any) -> torch.Tensor:
+    """Mean CE of the gold answer's tokens (an instruction batch holds only gold answers)."""
+    return scoring.lm_loss(logits, batch if batch.mode == "instruction" else gold_only(batch))
+
+
 def make_solver(ctx: Context):
     """The bilevel solver of ``--solver`` (the `apps.calm_llm.solvers` table), from the config."""
     c = ctx.cfg.calm
     if solvers.is_second_order(c.solver) and ctx.dist.world > 1:
-        raise ValueError(f"--solver {c.solver} (second order) is not supported across processes")
-    return solvers.build_solver(c)
+        raise ConfigError(f"--solver {c.solver} (second order) is not supported across processes")
+    return solvers.build_solver(ctx.cfg)
 
 
-# the built-in entries of the solver tables
-def bome_solver(c: Any) -> bilevel.BOME:
+# the built-in entries of the solver tables: ``factory(cfg)``
+def bome_solver(cfg: Any) -> bilevel.BOME:
+    c = cfg.calm
     return bilevel.BOME(inner_steps=c.inner_steps, inner_lr=c.inner_lr, eta=c.eta, phi=c.phi, c=c.c)
 
 
-def itd_solver(c: Any) -> bilevel.ITD:
+def itd_solver(cfg: Any) -> bilevel.ITD:
+    c = cfg.calm
     return bilevel.ITD(inner_steps=c.inner_steps, inner_lr=c.inner_lr, truncate=c.itd_truncate or None)
 
 
-def aid_solver(c: Any) -> bilevel.AID:
+def aid_solver(cfg: Any) -> bilevel.AID:
+    c = cfg.calm
     return bilevel.AID(inner_steps=c.inner_steps, inner_lr=c.inner_lr,
-                       linear_solver=solvers.build_linear_solver(c))
+                       linear_solver=solvers.build_linear_solver(cfg))
 
 
-def cg_linear_solver(c: Any) -> bilevel.linalg.CG:
-    return bilevel.linalg.CG(maxiter=c.cg_maxiter, tol=c.cg_tol)
+def cg_linear_solver(cfg: Any) -> bilevel.linalg.CG:
+    return bilevel.linalg.CG(maxiter=cfg.calm.cg_maxiter, tol=cfg.calm.cg_tol)
 
 
-def neumann_linear_solver(c: Any) -> Any:
+def neumann_linear_solver(cfg: Any) -> Any:
+    c = cfg.calm
     return bilevel.linalg.solve_neumann(steps=c.cg_maxiter, lr=c.inner_lr, tol=c.cg_tol)
 
 
-def dense_linear_solver(c: Any) -> Any:
+def dense_linear_solver(cfg: Any) -> Any:
     return bilevel.linalg.solve_dense()
 
 
@@ -161,12 +182,15 @@ class Calm(Method):
         support_ids = None
         if c.alpha_support == "answer_tokens" and c.alpha_acts != "options":
             support_ids = self._answer_tokens()
+        param = self.alpha_param or c.alpha_param
+        own = ctx.cfg.plugin_options.get(param)  # a plugin α's own options (--<name>-<option>)
         self.alpha = make_alpha(
-            self.alpha_param or c.alpha_param, c.alpha_form, c.alpha_support,
+            param, c.alpha_form, c.alpha_support,
             vocab_size=ctx.lm.vocab_size, option_token_ids=ctx.option_token_ids,
             device=ctx.lm.device, positivity=c.alpha_positivity, tau_max=c.alpha_tau_max,
             acts=c.alpha_acts, answer_token_ids=support_ids,
             n_option_slots=ctx.cfg.data.max_options,
+            extra_options=dataclasses.asdict(own) if own is not None else None,
         )
         self.obj = CalmObjectives(ctx, self.alpha)
         if c.bome_optimizer == "sgd":

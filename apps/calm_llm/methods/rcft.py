@@ -17,6 +17,7 @@ import torch
 
 from calibration import objectives
 
+from ...errors import ConfigError
 from .. import scoring
 from . import spec
 from .base import Context, Method, gold_only, present_columns
@@ -28,7 +29,7 @@ class RCFT(Method):
     def __init__(self, ctx: Context, *, name: str | None = None) -> None:
         super().__init__(ctx, name=name)
         if ctx.instruction:
-            raise ValueError("rcft needs MCQA training data (its regularizer uses option probabilities)")
+            raise ConfigError("rcft needs MCQA training data (its regularizer uses option probabilities)")
         self.theta_optimizer()
         self.streams = {"train": ctx.stream("train", options="all")}
         self.bin_accuracy: torch.Tensor | None = None
@@ -38,12 +39,12 @@ class RCFT(Method):
         option_logits, labels = self.predict(self.ctx.train_examples)
         probs = torch.softmax(present_columns(option_logits), -1)
         self.bin_accuracy = objectives.estimate_bin_accuracy(
-            probs, labels, n_bins=self.ctx.cfg.train.rcft_bins
+            probs, labels, n_bins=self.ctx.cfg.options_of("rcft").bins
         ).to(self.ctx.lm.device)
 
     def step(self, k: int) -> dict[str, float]:
-        t = self.ctx.cfg.train
-        every = t.rcft_reestimate_every
+        o = self.ctx.cfg.options_of("rcft")
+        every = o.reestimate_every
         if self.bin_accuracy is None or (every and k % every == 0):
             self.e_step()
         params = self.ctx.lm.inner()
@@ -53,9 +54,9 @@ class RCFT(Method):
             sft = scoring.lm_loss(logits, batch if self.ctx.letter else gold_only(batch))
             probs = torch.softmax(present_columns(self.ctx.option_logits(logits, batch)), -1)
             reg = objectives.ece_regularizer(
-                probs, self.bin_accuracy, n_bins=t.rcft_bins, include_top_bin=t.rcft_include_top_bin
+                probs, self.bin_accuracy, n_bins=o.bins, include_top_bin=o.include_top_bin
             )
-            loss = (1 - t.rcft_weight) * sft + t.rcft_weight * t.rcft_scale * reg
+            loss = (1 - o.weight) * sft + o.weight * o.scale * reg
             return {"objective": loss, "loss": loss, "sft_loss": sft}
 
         info = self.accumulate(micro_step)

@@ -45,7 +45,7 @@ class LabelSmoothing(SFT):
     info = spec.info("label_smoothing")
 
     def smoothing(self) -> float:
-        return self.ctx.cfg.train.label_smoothing
+        return self.ctx.cfg.options_of("label_smoothing").epsilon
 
     def loss(self, logits: torch.Tensor, batch: Batch) -> torch.Tensor:
         """``vocab``: ε/V on every vocabulary entry. With V ≈ 50k that leaves the option-letter
@@ -53,7 +53,7 @@ class LabelSmoothing(SFT):
         distribution. ``options`` (letter batches): target q = (1 − ε)·δ_gold + ε·uniform over the
         question's n option letters, i.e. L = (1 − ε)·CE(gold) − (ε/n)·Σ_j log p(letter_j),
         p = softmax over the vocabulary at the answer position."""
-        if self.ctx.cfg.train.label_smoothing_scope == "vocab":
+        if self.ctx.cfg.options_of("label_smoothing").scope == "vocab":
             return super().loss(logits, batch)
         eps = self.smoothing()
         logp = torch.log_softmax(logits[:, -1, :].float(), -1)[:, self.ctx.option_token_ids]  # (N, K)

@@ -10,10 +10,12 @@ validation stay instant.
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
+
+from calibration.registry import Registry
 
 from .. import solvers
 
@@ -42,18 +44,18 @@ class MethodInfo:
         second_order: ``second_order(cfg)`` is True when, under ``cfg``, it differentiates
             through gradients (the model then loads eager attention).
         sections: option groups it reads beyond the shared ``train`` options (``"calm"``:
-            every ``calm.*`` option, so ``--select`` of a calm option applies to it;
-            ``"rcft"``, ``"label_smoothing"``: those ``train.*`` options).
+            every ``calm.*`` option, so ``--select`` of a calm option applies to it).
         validate: ``validate(cfg)`` raises ``config.ConfigError`` for values of its own
             options that cannot work; runs on every configuration, like every other check.
         tasks: the ``--task`` values it applies to (``"mcqa"``, ``"open_qa"``); a method
             that reads answer options (RCFT's regularizer) is ``("mcqa",)``.
         options: a dataclass of the method's own options, each field declared with
             ``config.opt(default, help)``: every field becomes a flag ``--<name>-<field>``
+            (or the field's own ``flag``)
             (a config file's ``plugin_options: {<name>: {<field>: value}}``), is validated
             like every option (type, choices, finite), recorded in ``config.json`` and
             compared on resume when the method runs; the method reads it as
-            ``cfg.method_options(<name>)``.
+            ``cfg.options_of(<name>)``.
         summary: one line for the docs.
     """
 
@@ -74,41 +76,38 @@ class MethodInfo:
         return getattr(importlib.import_module(module), cls)
 
 
-TABLE: dict[str, MethodInfo] = {}
-
-
-def register(info: MethodInfo) -> MethodInfo:
-    """Add a method to the table (a name may be registered once); returns `info`."""
-    if info.name in TABLE and TABLE[info.name] != info:
-        raise ValueError(f"method {info.name!r} is already registered as {TABLE[info.name].target}")
-    if not info.name.isidentifier():
+def _check_info(info: MethodInfo) -> None:
+    if not isinstance(info, MethodInfo):
+        raise TypeError(f"the method table takes a MethodInfo, got {type(info).__name__}")
+    if not isinstance(info.name, str) or not info.name.isidentifier():
         raise ValueError(f"method name {info.name!r}: use letters, digits and underscores")
-    TABLE[info.name] = info
-    return info
+
+
+# every method, in registration order (the built-ins first)
+METHODS: Registry[MethodInfo] = Registry("method", check=_check_info)
+TABLE = METHODS  # the name the rest of the project has read the table under
+
+
+def register(info: MethodInfo, *, replace: bool = False) -> MethodInfo:
+    """Add a method to the table (a taken name is refused unless ``replace``); returns `info`."""
+    return METHODS.register(info, replace=replace)
 
 
 def unregister(name: str) -> None:
     """Remove a method from the table (plugins under test clean up after themselves)."""
-    TABLE.pop(name, None)
+    METHODS.unregister(name)
 
 
-@contextmanager
-def registered(info: MethodInfo) -> Iterator[MethodInfo]:
+def registered(info: MethodInfo) -> AbstractContextManager[MethodInfo]:
     """``with registered(info):`` the method is in the table inside the block only."""
-    register(info)
-    try:
-        yield info
-    finally:
-        unregister(info.name)
+    return METHODS.registered(info)
 
 
 def info(name: str) -> MethodInfo:
-    """The table's entry for `name`."""
-    if name not in TABLE:
-        raise KeyError(f"unknown method {name!r} (known: {list(TABLE)})")
-    return TABLE[name]
+    """The table's entry for `name` (an unknown name lists the registered ones)."""
+    return METHODS.get(name)
 
 
 def names() -> tuple[str, ...]:
     """Every registered method, in registration order (the built-ins first)."""
-    return tuple(TABLE)
+    return tuple(METHODS)

@@ -24,6 +24,8 @@ import torch
 
 from calibration import semantic
 
+from ...errors import ConfigError
+
 JUDGE_PROMPT = (
     "Question: {question}\nGold answers: {golds}\nProposed answer: {answer}\n"
     "Is the proposed answer correct, i.e. does it mean the same as one of the gold answers? "
@@ -48,7 +50,7 @@ class LLMJudge:
         self.model, self.tokenizer, self.batch_size = model, tokenizer, batch_size
         self.yes, self.no = _first_ids(tokenizer, YES), _first_ids(tokenizer, NO)
         if set(self.yes) & set(self.no):
-            raise ValueError("the judge's tokenizer gives 'yes' and 'no' a common first token")
+            raise ConfigError("the judge's tokenizer gives 'yes' and 'no' a common first token")
 
     @classmethod
     def load(cls, name_or_path: str, *, device: torch.device | str = "cpu", dtype: str = "fp32",
@@ -98,7 +100,7 @@ def judge_answers(items: Sequence[tuple[str, str, Sequence[str]]], mode: str,
     if mode != "judge":
         return [semantic.matches(a, al, mode=mode) for _, a, al in items]
     if judge is None:
-        raise ValueError("--match judge needs a judge model (--judge-model)")
+        raise ConfigError("--match judge needs a judge model (--judge-model)")
     out: list[bool | None] = []
     for _, a, al in items:
         if semantic.matches(a, al, mode="exact"):

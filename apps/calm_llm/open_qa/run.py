@@ -28,6 +28,7 @@ import torch.nn.functional as F
 
 from calibration import semantic
 
+from ...errors import ConfigError
 from .. import distributed, export, sampling, scoring
 from .. import methods as method_registry
 from .. import model as model_lib
@@ -36,15 +37,10 @@ from ..data import Collator, batch_iterator, make_splits
 from ..data.open_qa import OpenQAExample, load_open_qa
 from ..data.schema import InstructionExample
 from ..io import read_json
+from ..logs import log
 from ..methods.base import Context, Method
-from ..train import (
-    RESULTS_FIX,
-    EvalSet,
-    base_method,
-    claim_run_dir,
-    log,
-    train_method,
-)
+from ..runner.prepare import RESULTS_FIX, base_method, claim_run_dir
+from ..runner.train import EvalSet, train_method
 from . import score
 from .judge import LLMJudge, judge_answers
 
@@ -129,10 +125,10 @@ def run(cfg: Config) -> dict[str, Any]:
     model_lib.check_model_available(cfg.model)
     dist = distributed.init(fsdp=cfg.fsdp)
     if dist.world > 1:
-        raise ValueError("--task open_qa runs in a single process (sampling is not sharded); "
+        raise ConfigError("--task open_qa runs in a single process (sampling is not sharded); "
                          "launch it without accelerate/torchrun")
     if cfg.select:
-        raise ValueError("--select is not supported with --task open_qa (its choice reads "
+        raise ConfigError("--select is not supported with --task open_qa (its choice reads "
                          "multiple-choice predictions); run one setting per run")
     state, splits = prepare(cfg, dist)
     restore(state)

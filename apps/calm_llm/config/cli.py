@@ -1,0 +1,302 @@
+"""The command line and config files: the argparse parser built from the dataclasses of
+`schema` (the registered entries' own options included), YAML/JSON files and presets, plugins.
+
+Precedence: dataclass defaults < ``--config FILE`` (YAML or JSON, nested by section, or a preset
+name such as ``tiny``) < explicit command-line flags; `parse_args` then runs `validate.validate`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import itertools
+import json
+import sys
+from dataclasses import fields
+from pathlib import Path
+from typing import Any
+
+from ...errors import ConfigError, PluginError
+from .schema import (
+    CONFIG_DIR,
+    MOVED_TRAIN_OPTIONS,
+    SECTIONS,
+    Config,
+    _flag,
+    _leaf_fields,
+    _option_classes,
+    _plugin_fields,
+    _plugin_flag,
+    _type_of,
+    _with_method_defaults,
+)
+from .validate import validate
+
+
+def _set_method_options(cfg: Config, value: Any) -> None:
+    """Apply a ``plugin_options: {method: {field: value}}`` mapping (a file, config.json, flags)."""
+    if not isinstance(value, dict):
+        raise ConfigError(f"plugin_options: expected a mapping of methods, got {value!r}")
+    classes = _option_classes()
+    for method, values in value.items():
+        if method not in classes:
+            raise ConfigError(f"plugin_options.{method}: no registered method, solver, linear "
+                              f"solver or upper loss {method!r} declares options (with options: "
+                              f"{sorted(classes)}; a plugin's module is loaded by --plugins)")
+        if not isinstance(values, dict):
+            raise ConfigError(f"plugin_options.{method}: expected a mapping of options, got {values!r}")
+        obj = dataclasses.replace(cfg.plugin_options.get(method) or classes[method]())
+        sub = {f.name: f for f in fields(obj)}
+        for k, v in values.items():
+            if k not in sub:
+                raise ConfigError(f"unknown option plugin_options.{method}.{k!r} (known: {sorted(sub)})")
+            setattr(obj, k, _coerce(f"plugin_options.{method}.{k}", sub[k], v))
+        cfg.plugin_options[method] = obj
+
+
+def _help(f: dataclasses.Field) -> str:
+    """The option's help text, with the names its entries may take when it has ``names``."""
+    names = f.metadata.get("names")
+    return f.metadata["help"] + (f", from {', '.join(names())}" if names else "")
+
+
+def _add_flag(group: Any, flag: str, f: dataclasses.Field, dest: str) -> None:
+    """One option's flag: its type, choices and help with the default; absent unless given."""
+    t = _type_of(f)
+    default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+    kw: dict[str, Any] = {"dest": dest, "default": argparse.SUPPRESS,
+                          "help": f"{_help(f)} (default: {default!r})"}
+    if t is not bool and not f.metadata.get("choices"):
+        kw["metavar"] = f.name.upper()
+    if f.metadata.get("choices"):
+        kw["choices"] = f.metadata["choices"]
+    if t is bool:
+        kw["action"] = argparse.BooleanOptionalAction
+    elif t is list:
+        kw["nargs"] = "*"
+    else:
+        kw["type"] = t
+    group.add_argument(flag, **kw)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """argparse parser with one flag per field; help shows the default. Unset flags are absent."""
+    p = argparse.ArgumentParser(
+        prog="python -m apps.calm_llm",
+        description="CALM: bilevel calibration of an LLM, with baselines and ablations, "
+        "evaluated in-domain and out-of-domain.",
+    )
+    p.add_argument(
+        "--config",
+        default=None,
+        help="YAML/JSON file (nested by section) or preset name "
+        "(default, tiny, paper-7b); command-line flags override it",
+    )
+    seen: set[str] = set()
+    groups: dict[str | None, Any] = {None: p.add_argument_group("run")}
+    for sec in SECTIONS:
+        groups[sec] = p.add_argument_group(sec)
+    for sec, f in _leaf_fields():
+        flag = _flag(f)
+        if flag in seen:  # a programming error: flat CLI needs unique names
+            raise RuntimeError(f"duplicate flag {flag}")
+        seen.add(flag)
+        _add_flag(groups[sec], flag, f, f"{sec}.{f.name}" if sec else f.name)
+    plugin_cfg = _with_method_defaults(Config())
+    for method, _obj, f in _plugin_fields(plugin_cfg):
+        flag = _plugin_flag(method, f)
+        if flag in seen:
+            raise ConfigError(f"method {method!r}: its option flag {flag} is taken")
+        seen.add(flag)
+        if method not in groups:
+            groups[method] = p.add_argument_group(f"{method} (its own options)")
+        _add_flag(groups[method], flag, f, f"plugin_options.{method}.{f.name}")
+    return p
+
+
+def resolve_config_file(name: str) -> Path:
+    """A path, or a preset name from apps/calm_llm/configs/."""
+    path = Path(name)
+    if path.is_file():
+        return path
+    for cand in (CONFIG_DIR / f"{name}.yaml", CONFIG_DIR / f"{name}.json"):
+        if cand.is_file():
+            return cand
+    presets = sorted(p.stem for p in CONFIG_DIR.glob("*.yaml") if not p.stem.startswith("accelerate"))
+    raise ConfigError(f"--config: no file {name!r} and no preset of that name (presets: {presets})")
+
+
+def load_file(path: str | Path) -> dict:
+    """Read a YAML or JSON config file into a (nested) dict."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8-sig")
+    except OSError as e:
+        raise ConfigError(f"--config {path}: cannot read it ({e.strerror or e})") from e
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"--config {path}: not UTF-8 text ({e.reason} at byte {e.start})") from e
+    if path.suffix == ".json":
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ConfigError(
+                f"--config {path}: not valid JSON ({e.msg} at line {e.lineno}, column {e.colno})"
+            ) from e
+    else:
+        import yaml
+
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as e:
+            mark = getattr(e, "problem_mark", None)
+            at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+            problem = getattr(e, "problem", None) or type(e).__name__
+            raise ConfigError(f"--config {path}: not valid YAML ({problem}{at})") from e
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping of options")
+    return data
+
+
+def _coerce(name: str, f: dataclasses.Field, value: Any) -> Any:
+    t = _type_of(f)
+    if t is list:
+        if isinstance(value, str):
+            value = [value]
+        if not isinstance(value, list | tuple):
+            raise ConfigError(f"{name}: expected a list, got {value!r}")
+        return [str(v) for v in value]
+    if t is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{name}: expected true/false, got {value!r}")
+        return value
+    if t is float and isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
+    if t is int and isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if t is str and isinstance(value, str):
+        return value
+    raise ConfigError(f"{name}: expected {t.__name__}, got {value!r}")
+
+
+def from_dict(data: dict, base: Config | None = None) -> Config:
+    """Apply a nested dict (as in config.json / YAML presets) on top of `base` (default: defaults)."""
+    cfg = base if base is not None else Config()
+    cfg = dataclasses.replace(
+        cfg, **{s: dataclasses.replace(getattr(cfg, s)) for s in SECTIONS},
+        plugin_options=dict(cfg.plugin_options),
+    )
+    if isinstance(data.get("plugins"), list):  # they register the methods plugin_options names
+        load_plugins([str(m) for m in data["plugins"]])
+    data = _moved_options(data)
+    top = {f.name: f for f in fields(Config)}
+    for key, value in data.items():
+        if key not in top:
+            raise ConfigError(f"unknown option {key!r} (known: {sorted(top)})")
+        if key == "plugin_options":
+            _set_method_options(cfg, value)
+        elif key in SECTIONS:
+            if not isinstance(value, dict):
+                raise ConfigError(f"{key}: expected a mapping of options, got {value!r}")
+            sec = getattr(cfg, key)
+            sub = {f.name: f for f in fields(sec)}
+            for k, v in value.items():
+                if k not in sub:
+                    raise ConfigError(f"unknown option {key}.{k!r} (known: {sorted(sub)})")
+                setattr(sec, k, _coerce(f"{key}.{k}", sub[k], v))
+        else:
+            setattr(cfg, key, _coerce(key, top[key], value))
+    return _with_method_defaults(cfg)
+
+
+def _moved_options(data: dict) -> dict:
+    """A config written before an option moved from ``train`` into its method's own options
+    (``MOVED_TRAIN_OPTIONS``) read as if written after: ``train.rcft_weight`` is
+    ``plugin_options.rcft.weight`` (so an older run's config.json still loads and resumes)."""
+    train = data.get("train")
+    if not isinstance(train, dict) or not set(train) & set(MOVED_TRAIN_OPTIONS):
+        return data
+    out = {**data, "train": {k: v for k, v in train.items() if k not in MOVED_TRAIN_OPTIONS}}
+    moved = {k: v for k, v in train.items() if k in MOVED_TRAIN_OPTIONS}
+    plugin = {m: dict(o) for m, o in (data.get("plugin_options") or {}).items()}
+    for key, value in moved.items():
+        method, name = MOVED_TRAIN_OPTIONS[key]
+        plugin.setdefault(method, {}).setdefault(name, value)  # the new place wins
+    out["plugin_options"] = plugin
+    return out
+
+
+def parse_args(argv: list[str] | None = None) -> Config:
+    """defaults < --config FILE < CLI flags; then `validate`."""
+    # plugins first: the choices they register (an α parameterization, a source) must exist
+    # when argparse checks the other flags
+    load_plugins(_plugins_in(sys.argv[1:] if argv is None else argv))
+    ns = vars(build_parser().parse_args(argv))
+    cfg = Config()
+    config_file = ns.pop("config", None)
+    if config_file is None and ns.get("task") == "open_qa":
+        config_file = "open_qa"  # --task open_qa alone runs its own embedded default
+    if config_file:
+        cfg = from_dict(load_file(resolve_config_file(config_file)), cfg)
+    nested: dict[str, Any] = {}
+    for dest, value in ns.items():
+        if dest.startswith("plugin_options."):
+            _, method, name = dest.split(".", 2)
+            nested.setdefault("plugin_options", {}).setdefault(method, {})[name] = value
+        elif "." in dest:
+            sec, name = dest.split(".", 1)
+            nested.setdefault(sec, {})[name] = value
+        else:
+            nested[dest] = value
+    cfg = from_dict(nested, cfg)
+    load_plugins(cfg.plugins)
+    validate(cfg)
+    return cfg
+
+
+def _plugins_in(argv: list[str]) -> list[str]:
+    """The module names after ``--plugins`` (or ``--plugins=M``) in a raw argument list."""
+    out: list[str] = []
+    for i, a in enumerate(argv):
+        if a.startswith("--plugins="):
+            out.append(a.split("=", 1)[1])
+        elif a == "--plugins":
+            out += [x for x in itertools.takewhile(lambda x: not x.startswith("-"), argv[i + 1:])]
+    return out
+
+
+def load_plugins(modules: list[str]) -> None:
+    """Import each ``--plugins`` module (once): importing it registers what it defines, e.g.
+    ``methods.register(MethodInfo(...))``. A module that cannot be imported, or that raises
+    while it runs, is a `PluginError` naming it, with the plugin's own error as its cause
+    (the CLI shows that traceback: the bug is in the plugin)."""
+    import importlib
+
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except Exception as e:  # any error of the plugin's code: its traceback is kept
+            raise PluginError(f"--plugins {name}: cannot import it "
+                              f"({type(e).__name__}: {e})") from e
+
+
+def options_markdown() -> str:
+    """The options tables of docs/calm.md, from the fields (a test keeps the doc equal to it):
+    one per section, then one per registered entry that declares its own options."""
+    groups: dict[str, list[tuple[str, dataclasses.Field]]] = {}
+    for sec, f in _leaf_fields():
+        groups.setdefault(sec or "run", []).append((_flag(f), f))
+    for name, _obj, f in _plugin_fields(_with_method_defaults(Config())):
+        groups.setdefault(f"{name} (its own options)", []).append((_plugin_flag(name, f), f))
+    blocks = []
+    for title, entries in groups.items():
+        rows = ["| flag | default | meaning |", "|---|---|---|"]
+        for flag, f in entries:
+            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+            meaning = _help(f)
+            if f.metadata.get("choices"):
+                meaning += f" ({' / '.join(f.metadata['choices'])})"
+            rows.append(f"| `{flag}` | `{default!r}` | {meaning.replace('|', '/')} |")
+        blocks.append(f"**{title}**\n\n" + "\n".join(rows))
+    return "\n\n".join(blocks) + "\n"

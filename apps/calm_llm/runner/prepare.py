@@ -1,0 +1,136 @@
+"""Stage 1 of a run, shared by both tasks: claim the run directory and check a resume.
+
+A new run never writes over another's results (`make_run_dir`); a resume is refused when its
+options (`check_resume_config`) or its data's splits (`check_resume_splits`) differ from the
+run's record in a way that changes results. `claim_run_dir` does all of it, then records
+``config.json`` and ``splits.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from ...errors import RunRefused
+from .. import distributed
+from ..config import Config, differences
+from ..data.splits import manifest_changes
+from ..io import atomic_write_text, read_json
+from ..logs import log
+
+# what a run directory holds once a run has started in it (a new run never writes over these)
+RUN_FILES = ("config.json", "splits.json", "metrics.json", "predictions.safetensors",
+             "checkpoints", "export")
+
+
+def make_run_dir(cfg: Config, dist: distributed.Dist | None = None) -> Path:
+    """The run's folder: ``--resume DIR``, ``--out DIR`` when it holds no other run, or a fresh
+    ``runs/<timestamp>`` claimed with an exclusive mkdir (a ``-2``, ``-3``... suffix when two
+    runs start in the same second), so two runs never share a folder."""
+    if cfg.resume:
+        return Path(cfg.resume)
+    if cfg.out:
+        out = Path(cfg.out)
+        held = [f for f in RUN_FILES if (out / f).exists()]
+        if held:
+            raise RunRefused(
+                f"--out {out} already holds a run ({', '.join(held)}); a new run does not write "
+                f"over another's results: continue that one with --resume {out}, or give a new --out"
+            )
+        return out
+    name = None
+    if dist is None or dist.main:
+        stamp, n = time.strftime("%Y%m%d-%H%M%S"), 1
+        while True:
+            cand = Path("runs") / (stamp if n == 1 else f"{stamp}-{n}")
+            try:
+                cand.mkdir(parents=True, exist_ok=False)
+                name = str(cand)
+                break
+            except FileExistsError:
+                n += 1
+    if dist is not None and dist.world > 1:  # every rank writes under rank 0's claim
+        import torch.distributed as tdist
+
+        box = [name]
+        tdist.broadcast_object_list(box, src=0)
+        name = box[0]
+    return Path(name)
+
+
+def check_resume_config(cfg: Config, run_dir: Path) -> None:
+    """Refuse a resume whose options differ from the run's config.json in a way that changes
+    results, naming each such option with both values."""
+    from ..config import ConfigError, from_dict
+
+    fix = "Restore it from a copy, or start a new run with --out."
+    try:
+        saved = from_dict(read_json(run_dir / "config.json", fix))
+    except ConfigError as e:
+        raise RunRefused(f"{run_dir / 'config.json'}: {e}") from e
+    diff = differences(saved, cfg)
+    if diff:
+        raise RunRefused(
+            f"--resume {run_dir}: options differ from that run's config.json in a way that changes "
+            f"results: {'; '.join(diff)}. Resume with the run's values (output, checkpoint and "
+            "evaluation options --n-bins/--n-boot may change), or start a new run with --out"
+        )
+
+
+def check_resume_splits(cfg: Config, run_dir: Path, manifest: dict[str, Any], d: distributed.Dist) -> None:
+    """Refuse a resume whose data give other splits than the run's splits.json (the methods
+    evaluated before would be scored on other questions or labels than those evaluated after),
+    unless ``--force-resume``; then the old record is kept as ``splits.before-resume.json``."""
+    path = run_dir / "splits.json"
+    if not path.is_file():  # killed before the splits were recorded: nothing was evaluated
+        return
+    saved = read_json(path, "Delete it to record the current data's splits, but only if the "
+                            "data files are still those the run started with.")
+    changes = manifest_changes(saved, manifest)
+    if not changes:
+        return
+    msg = (f"--resume {run_dir}: the data no longer give the splits recorded in {path}: "
+           f"{'; '.join(changes)}")
+    if not cfg.force_resume:
+        raise RunRefused(f"{msg}. Restore the data files the run started with, or pass "
+                         "--force-resume to continue on the new data (the methods evaluated "
+                         "before and after would then mix the two)")
+    log(f"warning: {msg}; continuing (--force-resume), the old record kept as "
+        "splits.before-resume.json", d)
+    if d.main:
+        os.replace(path, run_dir / "splits.before-resume.json")
+
+
+def claim_run_dir(cfg: Config, dist: distributed.Dist, load: Any) -> tuple[Path, Any]:
+    """The run directory and ``load(cfg)``'s splits, after the resume checks (the same options,
+    the same splits), with config.json and splits.json recorded. Shared by both tasks."""
+    run_dir = make_run_dir(cfg, dist)
+    dist.barrier()  # every rank has checked the folder before rank 0 writes into it
+    if cfg.resume and not (run_dir / "config.json").is_file():
+        raise FileNotFoundError(f"--resume {run_dir}: no config.json there (not a run directory)")
+    if cfg.resume:
+        check_resume_config(cfg, run_dir)
+    # the data are read and checked against the run's record before anything is written
+    splits = load(cfg)
+    manifest = splits.manifest()
+    if cfg.resume:
+        check_resume_splits(cfg, run_dir, manifest, dist)
+    if dist.main:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        cfg.save(run_dir)
+        atomic_write_text(run_dir / "splits.json", json.dumps(manifest, indent=1))
+    log(f"run directory: {run_dir}", dist)
+    return run_dir, splits
+
+
+def base_method(row: str) -> str:
+    """The method a results row belongs to: ``calm@eta=0.1:no_alpha`` -> ``calm``."""
+    return row.split("@", 1)[0].split(":", 1)[0]
+
+
+# a results file cut short (full disk, kill) is recomputed from the checkpoints, not guessed at
+RESULTS_FIX = ("Delete metrics.json and predictions.safetensors in that folder and resume again: "
+               "every method is evaluated again (from its final checkpoint where it has one)")

@@ -1,0 +1,94 @@
+"""Stage 3 of a run, shared by both tasks: train one row (a method, or a ``--select``
+variant of one) for ``--steps`` optimizer steps, with checkpoints, resume and the history."""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from ...errors import NonFiniteLoss
+from .. import checkpoint
+from ..history import HistoryWriter, plot_training
+from ..logs import log
+from ..methods.base import Context, Method
+
+
+@dataclass
+class EvalSet:
+    name: str
+    domain: str  # "id" | "ood"
+    examples: list
+
+
+def peak_memory_gib(device: torch.device) -> float | None:
+    """The most memory the CUDA allocator held on ``device`` since its last reset (GiB); None
+    elsewhere (the CPU keeps no such statistic). One function, so that a test can stand in
+    for the GPU's statistics."""
+    if device.type != "cuda":
+        return None
+    return torch.cuda.max_memory_allocated(device) / 2**30
+
+
+def train_method(
+    method: Method, ctx: Context, *, run_dir: Path, config_hash: str, resume: bool
+) -> list[dict[str, float]]:
+    """Run ``cfg.train.steps`` optimizer steps of `method`, checkpointing and resuming."""
+    from tqdm.auto import tqdm
+
+    cfg = ctx.cfg
+    ckpt_dir = run_dir / "checkpoints" / method.name
+    start, history = 0, []
+    if resume and checkpoint.exists(ckpt_dir):
+        start, history = checkpoint.restore(ckpt_dir, method=method, lm=ctx.lm,
+                                            config_hash=config_hash)
+        log(f"[{method.name}] resumed from {ckpt_dir} at step {start}", ctx.dist)
+    record = HistoryWriter(run_dir, method.name, enabled=ctx.dist.main,
+                           tensorboard=cfg.report_to == "tensorboard")
+    record.start(history)  # the file holds the kept steps: no gap, no step twice
+    last_good = str(ckpt_dir) if checkpoint.exists(ckpt_dir) else "none (no checkpoint yet)"
+    bar = tqdm(range(start, cfg.train.steps), desc=method.name, initial=start,
+               total=cfg.train.steps, disable=not ctx.dist.main, file=sys.stderr)
+    cuda = ctx.lm.device.type == "cuda"
+    if cuda:  # the peak recorded below is this method's own
+        torch.cuda.reset_peak_memory_stats(ctx.lm.device)
+    with ctx.lm.mode(True):
+        for k in bar:
+            t0 = time.perf_counter()
+            try:
+                info = method.step(k)
+            except FloatingPointError as e:  # bilevel's solvers check their objectives each step
+                raise NonFiniteLoss(
+                    f"[{method.name}] non-finite loss at step {k + 1} ({e}); "
+                    f"last good checkpoint: {last_good}"
+                ) from e
+            loss = ctx.dist.mean(info["loss"])
+            if not math.isfinite(loss):
+                raise NonFiniteLoss(
+                    f"[{method.name}] non-finite loss ({loss}) at step {k + 1}; "
+                    f"last good checkpoint: {last_good}"
+                )
+            # cost of the step on record (what studies and GPU estimates are sized from); the
+            # loss read above has synchronised the device
+            cost = {"step_seconds": time.perf_counter() - t0}
+            peak = peak_memory_gib(ctx.lm.device)
+            if peak is not None:
+                cost["max_memory_gib"] = peak
+            history.append({"step": k + 1, **{key: float(v) for key, v in info.items()}, **cost})
+            record.append(history[-1])
+            bar.set_postfix(loss=f"{loss:.4f}")
+            done = k + 1
+            if cfg.checkpoint_every and (done % cfg.checkpoint_every == 0 or done == cfg.train.steps):
+                if ctx.dist.main:
+                    checkpoint.save(ckpt_dir, method=method, lora=ctx.lm.inner(), step=done,
+                                    config_hash=config_hash, history=history)
+                ctx.dist.barrier()
+                last_good = f"{ckpt_dir} (step {done})"
+    record.close()
+    if ctx.dist.main and history:
+        plot_training(history, run_dir / f"training_{method.name}.png", title=method.name)
+    return history

@@ -1,0 +1,63 @@
+"""The CLI's error contract (issue 27): an error raised on purpose (`apps.errors.CalmError`) is
+one line; a plugin that fails to import is one line naming it and then its own traceback;
+anything else (a bug) keeps its traceback instead of being flattened into one line."""
+
+import sys
+
+import pytest
+
+from apps import errors
+from apps.calm_llm import config as C
+from apps.calm_llm.__main__ import main
+
+
+def test_every_project_error_is_a_calm_error_and_keeps_its_old_base():
+    from apps.calm_llm.export import BaseMismatch
+    from apps.calm_llm.io import CorruptFile
+    from apps.calm_llm.model import ModelLoadError
+    from apps.errors import NonFiniteLoss, RunRefused
+
+    for cls, old in [(C.ConfigError, ValueError), (errors.DataError, ValueError),
+                     (errors.PluginError, ValueError), (RunRefused, ValueError),
+                     (NonFiniteLoss, RuntimeError), (ModelLoadError, ValueError),
+                     (BaseMismatch, ValueError), (CorruptFile, ValueError)]:
+        assert issubclass(cls, errors.CalmError) and issubclass(cls, old), cls
+
+
+def test_a_config_error_is_one_line(capsys):
+    assert main(["--config", "tiny", "--lr", "-1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["error: --lr: must be >= 0, got -1.0"]
+
+
+@pytest.fixture
+def broken_plugin(tmp_path, monkeypatch):
+    name = "broken_plugin_for_errors"
+    (tmp_path / f"{name}.py").write_text("def f():\n    a, b = (1, 2, 3)\n\n\nf()\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield name
+    sys.modules.pop(name, None)
+
+
+def test_a_plugin_that_fails_to_import_shows_its_own_traceback(broken_plugin, capsys):
+    assert main(["--config", "tiny", "--plugins", broken_plugin]) == 2
+    err = capsys.readouterr().err
+    first = err.splitlines()[0]
+    assert first.startswith(f"error: --plugins {broken_plugin}: cannot import it (ValueError: "
+                            "too many values to unpack")
+    # the plugin's own frame and line are shown, so its bug can be found
+    assert "Traceback" in err and f"{broken_plugin}.py\", line 2, in f" in err
+    with pytest.raises(errors.PluginError) as e:
+        C.load_plugins([broken_plugin])
+    assert isinstance(e.value.__cause__, ValueError)
+
+
+def test_an_unexpected_error_in_the_run_keeps_its_traceback(monkeypatch):
+    from apps.calm_llm import train
+
+    def buggy(cfg):
+        a, b = (1, 2, 3)  # noqa: F841 - the bug the old CLI flattened into one line
+
+    monkeypatch.setattr(train, "run", buggy)
+    with pytest.raises(ValueError, match="too many values to unpack"):
+        main(["--config", "tiny", "--methods", "none"])
