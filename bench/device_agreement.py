@@ -97,7 +97,8 @@ def measure(ctx: Any, method: Any, solvers: tuple[str, ...] = ("bome", "itd", "a
     outer = {n: a.detach() for n, a in method.alpha.params.items()}
     with ctx.lm.mode(True):
         for name in solvers:
-            solver = build_solver(dataclasses.replace(ctx.cfg.calm, solver=name))
+            solver = build_solver(dataclasses.replace(
+                ctx.cfg, calm=dataclasses.replace(ctx.cfg.calm, solver=name)))
             res = solver.step(method.problem, outer, inner, upper_batch=upper, lower_batch=lower)
             if name == "bome":
                 out["bome_outer"], out["bome_inner"] = res.outer_grad, res.inner_grad

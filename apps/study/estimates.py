@@ -53,7 +53,7 @@ def estimate_s(study: Study, cell: Cell) -> float:
     steps = cfg.train.steps
     train = sum(step(m) * points[m] for m in methods) * steps
     if "rcft" in methods and study.flops is None:  # its E-steps score the training set
-        every = cfg.train.rcft_reestimate_every
+        every = cfg.options_of("rcft").reestimate_every
         passes = 1 + ((steps - 1) // every if every else 0)
         train += passes * cfg.data.n_train * study.question_s
     twice = cfg.calm.eval_without_alpha

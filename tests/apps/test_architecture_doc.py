@@ -22,11 +22,11 @@ def _named() -> set[str]:
             top, line = line.split()[0], " " * len(line.split()[0]) + line[len(line.split()[0]):]
         entry = line[16:] if len(line) > 16 and line[15] == " " and line[16] != " " else ""
         if entry:  # a new entry: a folder opens a scope, a file closes it
-            first = re.match(r"[A-Za-z_]+(?:\.py|/)", entry)
+            first = re.match(r"[A-Za-z_][A-Za-z0-9_]*(?:\.py|/)", entry)
             folder = first.group(0) if first and first.group(0).endswith("/") else ""
             if folder:
                 out.add(top + folder)
-        for token in re.findall(r"[A-Za-z_]+(?:\.py|/)", line):
+        for token in re.findall(r"[A-Za-z_][A-Za-z0-9_]*(?:\.py|/)", line):
             if token != folder:
                 out.add(top + (folder if not token.endswith("/") else "") + token)
     return out

@@ -3,9 +3,7 @@ without cycles, and the torch-free modules import alone, without torch, in a fre
 
 An import made inside a function is deferred, not absent: it is counted too, so a circle
 cannot hide behind one (the old ``config._methods()`` did). Imports under ``if TYPE_CHECKING:``
-never run and are not counted. ``apps.study*`` is being turned into the ``apps/study/``
-package in its own branch; it is checked once it is one (its two modules import each other
-today)."""
+never run and are not counted. The study package is included."""
 
 import ast
 import subprocess
@@ -18,7 +16,6 @@ ROOT = Path(__file__).resolve().parents[2]
 MODULES = sorted(
     ".".join(p.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
     for p in (ROOT / "apps").rglob("*.py")
-    if p.parent.name != "study" and not p.name.startswith("study")
 )
 
 
