@@ -173,10 +173,8 @@ def _alpha_section(out: Path) -> str:
 
     from calibration import alpha as calibration_alpha
 
-    from .export import _recorded_options
-
-    meta = json.loads((out / "alpha.json").read_text())
-    param = calibration_alpha.get(meta["param"], **_recorded_options(meta))
+    meta = json.loads((out / "alpha.json").read_text())  # written with the card: has "options"
+    param = calibration_alpha.get(meta["param"], **meta["options"])
     values = param.constrained(load_file(str(out / "alpha.safetensors")))
     ids = meta.get("class_ids")
     support = "every vocabulary column" if ids is None else f"{len(ids)} token ids ({meta['support']})"
