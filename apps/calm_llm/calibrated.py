@@ -96,7 +96,8 @@ class CalibratedModel:
     def option_scores(self, question: str | Sequence[Any], options: Sequence[str] | None = None, *,
                       calibrated: bool = True) -> torch.Tensor:
         """(N, K) option scores s whose ``softmax(s, -1)`` is the run's answer distribution
-        (α or T applied; ``calibrated=False``: the adapter alone); absent options are -inf.
+        (α or T applied; ``calibrated=False``: the adapter alone): for one question K is its
+        number of options, for a list K is the run's ``--max-options`` (absent ones -inf).
 
         ``question``: one question's text with ``options`` (then N = 1), or a list of
         ``data.MCQAExample`` (their labels are not read). Cloze mode: s_j is option j's
@@ -115,7 +116,9 @@ class CalibratedModel:
             examples = [MCQAExample(e.id, e.question, tuple(e.options), 0, e.source) for e in question]
         t = self.transforms(calibrated)
         scores, _ = predict_option_logits(self._context(), t, examples, "export")
-        return t.option_transform(scores)
+        scores = t.option_transform(scores)
+        # one question: its own K options; a list: the run's K = --max-options slots
+        return scores[:, : len(examples[0].options)] if isinstance(question, str) else scores
 
     def logits_processors(self, calibrated: bool = True) -> list:
         """transformers ``LogitsProcessor``s that make ``generate`` sample from the calibrated
