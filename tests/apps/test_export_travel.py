@@ -186,3 +186,21 @@ def test_lm_eval_scores_the_export_with_its_calibration(run, row, tmp_path, monk
         torch.testing.assert_close(lls.double(), own[i, : len(lls)].double(), rtol=0, atol=1e-4)
     bare = _lm_eval_option_lls(CalmLM(export=str(d), batch_size=4, calibrated="false"), task)
     assert max(float((a - b).abs().max()) for a, b in zip(got, bare)) > 1e-2  # α / T really applied
+
+
+def test_letter_mode_exports_score_as_the_run_predicted(tmp_path):
+    """Letter mode: α acts on the answer position's logits and T divides the letters' logits."""
+    torch.set_num_threads(1)
+    assert main(["--config", "tiny", "--mode", "letter", "--methods", "ts", "calm", "--steps", "1",
+                 "--n-boot", "0", "--no-zero-shot", "--checkpoint-every", "0", "--out", str(tmp_path)]) == 0
+    splits = train.load_data(C.from_dict(json.loads((tmp_path / "config.json").read_text())))
+    preds = load_file(str(tmp_path / "predictions.safetensors"))
+    for row in ("ts", "calm"):
+        model = load_export(tmp_path / "export" / row)
+        for name, examples in _eval_sets(splits):
+            torch.testing.assert_close(torch.softmax(model.option_scores(examples), -1),
+                                       preds[f"{row}/{name}/probs"], rtol=0, atol=1e-5)
+    cal = json.loads((tmp_path / "export" / "ts" / "calibration.json").read_text())
+    assert "letters' next-token logits" in cal["divides"]
+    ts = load_export(tmp_path / "export" / "ts")  # letter T is a next-token 1/T: it generates
+    assert ts.logits_processors()[0].temperature == cal["temperature"]
