@@ -107,6 +107,10 @@ class CalibratedModel:
         from .data import MCQAExample
         from .predict import predict_option_logits
 
+        if self.calibration["task"] != "mcqa":
+            raise CalibrationError(
+                f"{self.directory}: an export of a --task {self.calibration['task']} run has no "
+                "option scores (its run sampled answers); use generate(...)")
         if isinstance(question, str):
             if not options or len(options) < 2:
                 raise CalibrationError(f"option_scores({question[:40]!r}, options={options!r}): give "

@@ -100,7 +100,8 @@ def _method_section(cal: dict[str, Any], cfg: dict[str, Any], base: dict[str, An
              f"{str(base.get('embedding_sha256', ''))[:12]} (vocabulary {base.get('vocab_size')}; "
              "`apps.calm_llm.export.check_base` refuses another base)",
              f"- options scored in `{s['mode']}` mode, `{s['prompt_style']}` prompt"
-             + (f", cloze normalization `{s['cloze_norm']}`" if s["mode"] == "cloze" else "")]
+             + (f", cloze normalization `{s['cloze_norm']}`" if s["mode"] == "cloze" else "")
+             if cal["task"] == "mcqa" else "- answers sampled (open QA; docs/open_qa.md)"]
     if cal["applies"] == "temperature":
         lines.append(f"- temperature T = {cal['temperature']:.6g} divides {cal['divides']}")
     elif cal["applies"] == "alpha":
