@@ -162,7 +162,8 @@ def _lm_eval_option_lls(lm, task_dir):
     from lm_eval.tasks import TaskManager
 
     res = lm_eval.simple_evaluate(model=lm, tasks=["calm_tiny_mc"], log_samples=True,
-                                  task_manager=TaskManager(include_path=str(task_dir)))
+                                  task_manager=TaskManager(include_path=str(task_dir),
+                                                           include_defaults=False))
     samples = sorted(res["samples"]["calm_tiny_mc"], key=lambda s: s["doc_id"])
     return [torch.tensor([float(r[0][0]) for r in s["resps"]]) for s in samples]
 
