@@ -205,3 +205,45 @@ def test_letter_mode_exports_score_as_the_run_predicted(tmp_path):
     assert "letters' next-token logits" in cal["divides"]
     ts = load_export(tmp_path / "export" / "ts")  # letter T is a next-token 1/T: it generates
     assert ts.logits_processors()[0].temperature == cal["temperature"]
+
+
+def test_a_base_given_by_folder_is_checked_and_used(run, tmp_path):
+    """An export of a run on a local folder names only the folder: loading it asks for the base,
+    and a base passed (as an object, or to lm-eval as base=PATH) is checked and used."""
+    out, cfg, splits = run
+    d = tmp_path / "export"
+    shutil.copytree(out / "export" / "calm_moved", d)
+    record = json.loads((d / "base.json").read_text())
+    (d / "base.json").write_text(json.dumps({**record, "model_option": None, "name_or_path": "my-base"}))
+    with pytest.raises(CalibrationError, match="local folder 'my-base'.*pass it as base="):
+        load_export(d)
+    base, tok = load_base(cfg.model, seed=cfg.seed)
+    base.save_pretrained(tmp_path / "my-base")
+    tok.save_pretrained(tmp_path / "my-base")
+    examples = list(splits.test["sciq"])[:2]
+    want = load_export(out / "export" / "calm_moved").option_scores(examples)
+    torch.testing.assert_close(load_export(d, base, tok).option_scores(examples), want)
+    pytest.importorskip("lm_eval")
+    from apps.calm_llm.lm_eval_model import CalmLM
+
+    lm = CalmLM(export=str(d), base=str(tmp_path / "my-base"), batch_size=2)
+    torch.testing.assert_close(lm.calibrated_model.option_scores(examples), want)
+
+
+def test_lm_eval_generates_with_alpha(run):
+    pytest.importorskip("lm_eval")
+    from lm_eval.api.instance import Instance
+
+    from apps.calm_llm.lm_eval_model import CalmLM
+
+    out, _, _ = run
+    lm = CalmLM(export=str(out / "export" / "calm_moved"), batch_size=1)
+    context = "Question: what do plants need?\nAnswer:"
+    got = lm.generate_until([Instance("generate_until", {}, (context, {
+        "until": ["\n\n\n\n"], "max_gen_toks": 5, "do_sample": False}), 0)])[0]
+    model = lm.calibrated_model
+    ids = model.tokenizer(context, return_tensors="pt").input_ids
+    for calibrated in (True, False):
+        gen = model.generate(input_ids=ids, max_new_tokens=5, do_sample=False, calibrated=calibrated)
+        text = model.tokenizer.decode(gen[0, ids.shape[1]:], skip_special_tokens=True)
+        assert (got == text) is calibrated  # α's shifts change the greedy tokens
