@@ -43,6 +43,7 @@ from safetensors.torch import load_file, save_file
 from transformers import LogitsProcessor
 
 from ..errors import CalmError
+from .model_card import portable
 
 # the hub repository the offline default (`assets.default_model_dir`) was quantized from
 SMOLLM2_HUB_NAME = "HuggingFaceTB/SmolLM2-135M-Instruct"
@@ -137,23 +138,6 @@ def temperature_divides(task: str, mode: str, cloze_norm: str) -> str:
             "char": ", divided by its character count (cloze_norm=char)"}[cloze_norm]
     return ("the option scores s_j = sum_t log p(y_t | context, y_<t) over option j's "
             f"continuation tokens{norm}, (N, K): p = softmax(s / T) over the options")
-
-
-def portable(value: Any) -> Any:
-    """A copy of a config value with every absolute or home-relative path cut to its last
-    component (``NAME=/data/x.jsonl`` -> ``NAME=x.jsonl``), so no path of the training
-    machine travels with the export."""
-    if isinstance(value, dict):
-        return {k: portable(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [portable(v) for v in value]
-    if isinstance(value, str):
-        key, sep, rest = value.partition("=")
-        if sep and rest.startswith(("/", "~")) and "/" not in key:
-            return f"{key}={Path(rest).name}"
-        if value.startswith(("/", "~")):
-            return Path(value).name
-    return value
 
 
 def portable_base_name(name_or_path: str) -> tuple[str, str]:

@@ -44,11 +44,29 @@ def write_card(export_dir: str | Path, *, run_dir: str | Path | None = None,
         _results_section(cal["row"], metrics, images),
         _alpha_section(out),
         "## Command\n\n```bash\n" + (command or _this_command()) + "\n```\n\n"
-        "`config.json` beside this card holds every option of the run (paths cut to their "
-        "names); `python -m apps.calm_llm --config config.json` reruns it.\n",
+        "Paths are cut to their last component, here and in `config.json` beside this card, "
+        "which holds every option of the run: `python -m apps.calm_llm --config config.json` "
+        "reruns it (with the data and model found here).\n",
         _load_section(cal),
     ]
     return atomic_write_text(out / "README.md", "\n".join(p for p in parts if p))
+
+
+def portable(value: Any) -> Any:
+    """A copy of a config value with every absolute or home-relative path cut to its last
+    component (``NAME=/data/x.jsonl`` -> ``NAME=x.jsonl``), so no path of the training
+    machine travels with the export."""
+    if isinstance(value, dict):
+        return {k: portable(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [portable(v) for v in value]
+    if isinstance(value, str):
+        key, sep, rest = value.partition("=")
+        if sep and rest.startswith(("/", "~")) and "/" not in key:
+            return f"{key}={Path(rest).name}"
+        if value.startswith(("/", "~")):
+            return Path(value).name
+    return value
 
 
 def _read(path: Path) -> Any:
@@ -59,8 +77,8 @@ def _this_command() -> str:
     """This process's command line; the app's CLI is spelled as ``python -m apps.calm_llm``."""
     argv = list(sys.argv)
     if argv and Path(argv[0]).parent.name == "calm_llm" and Path(argv[0]).name == "__main__.py":
-        return "python -m apps.calm_llm " + shlex.join(argv[1:])
-    return shlex.join(["python", *argv]) if argv else "(unknown)"
+        return "python -m apps.calm_llm " + shlex.join(portable(argv[1:]))
+    return shlex.join(["python", *portable(argv)]) if argv else "(unknown)"
 
 
 def _datasets(cfg: dict[str, Any]) -> list[str]:
