@@ -88,9 +88,11 @@ class CalibratedModel:
                 return _Transforms(vocab=lambda z: z / t)
             return _Transforms(options=lambda s: s / t)
         p = self.alpha
-        apply = lambda z: p.param.apply(  # noqa: E731
-            {n: v.to(z.device) for n, v in p.params.items()}, z,
-            class_ids=None if p.class_ids is None else p.class_ids.to(z.device))
+
+        def apply(z: torch.Tensor) -> torch.Tensor:  # α as the run applied it, on z's device
+            return p.param.apply({n: v.to(z.device) for n, v in p.params.items()}, z,
+                                 class_ids=None if p.class_ids is None else p.class_ids.to(z.device))
+
         return _Transforms(vocab=apply) if cal["acts_on"] == "vocab" else _Transforms(options=apply)
 
     def option_scores(self, question: str | Sequence[Any], options: Sequence[str] | None = None, *,

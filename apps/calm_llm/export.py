@@ -43,7 +43,8 @@ from safetensors.torch import load_file, save_file
 from transformers import LogitsProcessor
 
 from ..errors import CalmError
-from .model_card import portable
+from .io import atomic_write_text
+from .model_card import portable, write_card
 
 # the hub repository the offline default (`assets.default_model_dir`) was quantized from
 SMOLLM2_HUB_NAME = "HuggingFaceTB/SmolLM2-135M-Instruct"
@@ -66,14 +67,10 @@ def export_method(out_dir: str | Path, lm: Any, method: Any, *, run_dir: str | P
     lm.model.save_pretrained(out)
     base = json.loads(write_base_record(out, lm, cfg).read_text())
     _portable_adapter_config(out, base["name_or_path"])
-    if record["applies"] == "alpha" or record.get("alpha_trained"):
+    if record.get("alpha_trained"):  # written even when unused at inference (alpha.json says)
         _write_alpha(out, method)
-    from .io import atomic_write_text
-
     atomic_write_text(out / "calibration.json", json.dumps(record, indent=2) + "\n")
     atomic_write_text(out / "config.json", json.dumps(portable(cfg.to_dict()), indent=2) + "\n")
-    from .model_card import write_card
-
     write_card(out, run_dir=run_dir, command=command)
     return out
 
@@ -253,7 +250,6 @@ def write_base_record(out_dir: str | Path, lm: Any, cfg: Any = None) -> Path:
     folder's name, never a path), with ``source`` (how the run got the weights) and
     ``model_option`` (the ``--model`` value when it is not a path: ``tiny``, ``smollm2``, a
     hub name), which `calibrated.load_export` loads when no base is given."""
-    from .io import atomic_write_text
     from .model import base_fingerprint
 
     given = cfg.model.name_or_path if cfg is not None else ""
