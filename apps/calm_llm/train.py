@@ -328,8 +328,8 @@ def run_method(state: Run, ev: Evaluation, info: method_registry.MethodInfo, row
     if select or state.cfg.eval_calib:  # the only numbers a choice of settings may read
         method.extras.update(calib_metrics(ctx, method, row))
     evaluate_method(state, ev, info, method, row, ctx)
-    if state.dist.main and info.trains:
-        export.export_method(state.run_dir / "export" / row, ctx.lm, method)
+    if state.dist.main:  # every method but `none` exports (ts: its T)
+        export.export_method(state.run_dir / "export" / row, ctx.lm, method, run_dir=state.run_dir)
     accs = ", ".join(f"{ds} acc {r['accuracy']:.3f} ece {r['conf_ece']:.3f}"
                      for ds, r in state.results[row].items())
     log(f"[{row}] done in {time.time() - t0:.0f}s: {accs}", state.dist)

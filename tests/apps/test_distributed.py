@@ -190,7 +190,7 @@ def test_fsdp_export_on_rank_zero_alone_holds_the_trained_adapter(method, runs):
     from peft import load_peft_weights
 
     r0 = load_file(str(runs / f"{method}-fsdp-rank0.safetensors"))
-    exported = load_peft_weights(str(runs / f"{method}-fsdp-rank0.safetensors.export" / "adapter"))
+    exported = load_peft_weights(str(runs / f"{method}-fsdp-rank0.safetensors.export"))
     lora = {k[len("lora."):]: v for k, v in r0.items() if k.startswith("lora.")}
     assert len(exported) == len(lora) > 0
     for k, v in exported.items():  # peft drops the adapter name ("default") from the keys

@@ -70,4 +70,4 @@ def test_accelerate_launch_two_processes_writes_the_single_process_metrics(
             assert m["n"] == ref["n"] and m["accuracy"] == ref["accuracy"], (method, ds)
             for key in ("conf_ece", "cw_ece", "brier", "nll", "mean_confidence"):
                 assert m[key] == pytest.approx(ref[key], rel=1e-4, abs=1e-5), (method, ds, key)
-    assert (tmp_path / "export" / "calm" / "adapter" / "adapter_config.json").is_file()
+    assert (tmp_path / "export" / "calm" / "adapter_config.json").is_file()

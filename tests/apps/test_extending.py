@@ -52,7 +52,7 @@ def test_a_plugin_method_runs_end_to_end(plugin, tmp_path):
     history = read_history(out / "history_confidence_penalty.jsonl")
     assert [h["step"] for h in history] == [1, 2]
     assert all(h["loss"] == h["loss"] for h in history)  # finite, not NaN
-    assert (out / "export" / "confidence_penalty" / "adapter").is_dir()
+    assert (out / "export" / "confidence_penalty" / "adapter_config.json").is_file()
     saved = json.loads((out / "config.json").read_text())
     assert saved["plugins"] == [plugin]
     assert saved["plugin_options"]["confidence_penalty"] == {"beta": 0.3}

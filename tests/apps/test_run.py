@@ -34,7 +34,7 @@ def test_every_method_end_to_end(tmp_path, capsys):
     # untouched model and TS share predictions (accuracy is invariant to a temperature)
     assert results["ts"]["sciq"]["accuracy"] == results["none"]["sciq"]["accuracy"]
     for m in ("sft", "calm", "calm_scalar"):
-        assert (tmp_path / "export" / m / "adapter" / "adapter_config.json").is_file()
+        assert (tmp_path / "export" / m / "adapter_config.json").is_file()
     assert (tmp_path / "export" / "calm" / "alpha.json").is_file()
     assert not (tmp_path / "export" / "sft" / "alpha.json").exists()
 

@@ -47,8 +47,10 @@ def test_every_method_is_evaluated_in_the_open_qa_shape(full_run):
             assert again["semantic_ece"] == pytest.approx(r["semantic_ece"])
     assert m["results"]["ts"]["trivia_qa"]["temperature"] > 0
     for row in ["sft", *learns_alpha]:
-        assert (full_run / "export" / row / "adapter").is_dir()
+        assert (full_run / "export" / row / "adapter_config.json").is_file()
     assert (full_run / "export" / "calm" / "alpha.safetensors").is_file()
+    ts = json.loads((full_run / "export" / "ts" / "calibration.json").read_text())  # T exports too
+    assert ts["acts_on"] == "vocab" and ts["temperature"] == m["results"]["ts"]["trivia_qa"]["temperature"]
     assert (full_run / "reliability_nq_open.png").is_file()
     assert "Semantic-ECE" in (full_run / "results.md").read_text()
 

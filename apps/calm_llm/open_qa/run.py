@@ -225,8 +225,8 @@ def run_method(state: OpenQARun, ev: OpenQAEval, info: method_registry.MethodInf
         with scope:
             evaluate_pass(state, ev, method, name, calib)
         state.write()
-    if info.trains:
-        export.export_method(state.run_dir / "export" / row, ctx.lm, method)
+    if state.dist.main:  # every method but `none` exports (ts: its T)
+        export.export_method(state.run_dir / "export" / row, ctx.lm, method, run_dir=state.run_dir)
     accs = ", ".join(f"{ds} acc {r['accuracy']:.3f} sem-ECE {r['semantic_ece']:.3f}"
                      for ds, r in state.results[row].items())
     log(f"[{row}] done in {time.time() - t0:.0f}s: {accs}", state.dist)
