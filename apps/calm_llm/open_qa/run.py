@@ -73,7 +73,7 @@ def load_splits(cfg: Config):
 
     return make_splits({n: src(n) for n in d.in_domain}, {n: src(n) for n in d.out_of_domain},
                        n_train=d.n_train, n_calib=d.n_calib, n_test=d.n_test, n_ood=d.n_ood,
-                       seed=split_seed(cfg))
+                       seed=split_seed(cfg), dedup=d.dedup)
 
 
 def cluster_backend(cfg: Config) -> semantic.ClusterBackend:
