@@ -150,7 +150,7 @@ def prepare(cfg: Config, dist: distributed.Dist) -> tuple[OpenQARun, Any]:
         "test " + ", ".join(f"{n} {len(v)}" for n, v in [*splits.test.items(), *splits.ood.items()]),
         dist)
     state = OpenQARun(cfg, dist, run_dir, cfg.hash())
-    state.extra = {"config_hash": state.config_hash}
+    state.extra = {"config_hash": state.config_hash, "split_fingerprints": splits.fingerprints()}
     return state, splits
 
 
