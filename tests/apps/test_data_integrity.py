@@ -6,9 +6,11 @@ import json
 import warnings
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from apps.calm_llm.config import ConfigError, load_file, parse_args
-from apps.calm_llm.data import MCQAExample, make_splits
+from apps.calm_llm.data import InstructionExample, MCQAExample, make_splits
 from apps.calm_llm.data.splits import (
     question_digest,
     question_key,
@@ -160,6 +162,34 @@ def test_dropping_k_questions_moves_only_k():
     assert all(v <= {"a:last"} for v in moved.values()), moved
 
 
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 2), st.integers(0, 11), st.booleans()), max_size=12),
+       st.integers(0, 5))
+def test_property_every_question_once_and_every_drop_counted(copies, seed):
+    """Copies (any set, reordered options, shouted) of random questions: after the default drop
+    no key occurs twice over all splits, and kept + dropped = the questions given."""
+    ind, ood = _sets()
+    sets = {**ind, **ood}
+    names = ["a", "c", "b"]
+    for j, (k, i, shout) in enumerate(copies):
+        src = sets[names[(k + j) % 3]][i]
+        text = src.question.upper() if shout else src.question
+        sets[names[k]].append(MCQAExample(f"{names[k]}:copy{j}", text, src.options[::-1],
+                                          len(src.options) - 1 - src.label, names[k]))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        s = make_splits({"a": sets["a"], "c": sets["c"]}, {"b": sets["b"]}, n_train=4, n_calib=2,
+                        n_test=2, n_ood=100, seed=seed)
+    keys = [question_key(x) for exs in s.named().values() for x in exs]
+    assert len(keys) == len(set(keys))
+    # the oracle: distinct keys counted directly
+    ood_keys = {question_key(x) for x in sets["b"]}
+    in_keys = {question_key(x) for n in ("a", "c") for x in sets[n]} - ood_keys
+    assert len(s.ood["b"]) == len(ood_keys) == len(sets["b"]) - s.repeated.get("b", 0)
+    dropped_in = sum(s.overlap.values()) + s.repeated.get("a", 0) + s.repeated.get("c", 0)
+    assert dropped_in == len(sets["a"]) + len(sets["c"]) - len(in_keys)
+
+
 def test_dedup_option_is_checked_and_outside_the_hash():
     cfg = parse_args(["--config", "tiny"])
     assert cfg.data.dedup == "drop"
@@ -177,6 +207,10 @@ def test_fingerprint_ignores_ids_order_and_option_order_but_not_content():
     assert split_fingerprint(renamed) == fp
     assert split_fingerprint(exs[:5] + [_q("a", 6)]) != fp
     assert split_fingerprint(exs[:5]) != fp
+    instr = [InstructionExample(f"i:{i}", f"Do task {i}.", "", "done", "i") for i in range(3)]
+    assert split_fingerprint(instr) == split_fingerprint(instr[::-1]) != split_fingerprint(instr[:2])
+    with pytest.raises(ConfigError, match="--dedup.*'off'"):
+        make_splits(*_sets(), n_train=8, n_calib=4, n_test=4, n_ood=12, seed=0, dedup="off")
 
 
 def _record(tmp_path, **kw):

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ...errors import DataError
+from ...errors import ConfigError, DataError
 from .schema import InstructionExample, MCQAExample
 
 
@@ -222,7 +222,7 @@ def _clean_sets(
     with ``dedup="refuse"`` a `DataError` naming them instead. Returns the sets and
     ``{"unanswerable"|"repeated"|"overlap": {set or pair: ids}}``."""
     if dedup not in DEDUP_MODES:
-        raise ValueError(f"dedup must be one of {DEDUP_MODES}, got {dedup!r}")
+        raise ConfigError(f"dedup (--dedup) must be one of {', '.join(DEDUP_MODES)}, got {dedup!r}")
     found: dict[str, dict[str, list[str]]] = {"unanswerable": {}, "repeated": {}, "overlap": {}}
     cleaned = []
     for sets in (out_of_domain, in_domain):
