@@ -17,7 +17,9 @@ a question found in an out-of-domain set is removed from the in-domain sets (the
 calibration and in-domain test are carved from), and one found in two in-domain sets is kept in
 the first only. Every drop is counted in `Splits.manifest` and a warning, so an OOD or test score
 is never measured on questions the model trained on and no question counts twice. With
-``dedup="refuse"`` any of these is a `DataError` naming the ids.
+``dedup="refuse"`` any of these is a `DataError` naming the ids. Instruction training examples
+(another format) are not compared with the multiple-choice questions. Cost: one key per
+question, O(total text length) time and O(questions) memory, before any shuffle.
 
 Each split also gets a fingerprint (`split_fingerprint`: sha256 over its questions' sorted key
 digests), recorded in ``splits.json`` and ``metrics.json``, so a study can tell which questions
