@@ -26,8 +26,9 @@ CONFIG_FILE_FAULTS = [
     ("twice.yaml", "train: {steps: 4}\ntrain: {steps: 8}\n", ["'train'", "line 1 and line 2"]),
     ("nested.yaml", "train:\n  steps: 4\n  lr: 0.1\n  steps: 8\n", ["'steps'", "line 2 and line 4"]),
     ("top.yaml", "seed: 1\nmethods: [none]\nseed: 2\n", ["'seed'", "line 1 and line 3"]),
-    ("twice.json", '{"train": {"steps": 4},\n "train": {"steps": 8}}', ["'train'", "lines 1, 2"]),
-    ("nested.json", '{"train": {\n "steps": 4,\n "steps": 8}}', ["'steps'", "lines 2, 3"]),
+    ("twice.json", '{"train": {"steps": 4},\n "train": {"steps": 8}}', ["'train'", "line 1 and line 2"]),
+    ("nested.json", '{"data": {"steps": 1},\n "train": {\n "steps": 4,\n "lr": "a\\"steps\\": {",\n "steps": 8}}',
+     ["'steps'", "line 3 and line 5"]),
 ]
 
 

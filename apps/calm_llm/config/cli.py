@@ -127,13 +127,49 @@ def resolve_config_file(name: str) -> Path:
     raise ConfigError(f"--config: no file {name!r} and no preset of that name (presets: {presets})")
 
 
-def _duplicate_key_lines(text: str, key: str) -> str:
-    """The lines where ``"key":`` occurs in a JSON text (json's hook gives no position)."""
-    import re
+def _object_key_lines(text: str, start: int, key: str) -> list[int]:
+    """The 1-based lines where ``key`` is a key of the JSON object whose body starts at
+    ``text[start]`` (its own keys only: nested objects and strings are skipped)."""
+    depth, i, lines = 0, start, []
+    while i < len(text):
+        c = text[i]
+        if c == '"':
+            j = i + 1
+            while text[j] != '"':
+                j += 2 if text[j] == "\\" else 1
+            if depth == 0 and text[j + 1:].lstrip().startswith(":") and json.loads(text[i:j + 1]) == key:
+                lines.append(text.count("\n", 0, i) + 1)
+            i = j + 1
+            continue
+        if c in "{[":
+            depth += 1
+        elif c in "}]":
+            if depth == 0:
+                break
+            depth -= 1
+        i += 1
+    return lines
 
-    pattern = re.compile(re.escape(json.dumps(key)) + r"\s*:")
-    lines = sorted({text.count("\n", 0, m.start()) + 1 for m in pattern.finditer(text)})
-    return f"line{'s' if len(lines) > 1 else ''} {', '.join(map(str, lines))}"
+
+def _strict_json(text: str) -> Any:
+    """`json.loads` refusing a key given twice in one object, with its two lines: json's pairs
+    hook gives no position, so each object's parse is wrapped to know where it starts."""
+    import json.decoder
+    import json.scanner
+
+    decoder = json.JSONDecoder(object_pairs_hook=_json_pairs)
+
+    def parse_object(s_and_end: tuple[str, int], *args: Any) -> Any:
+        try:
+            return json.decoder.JSONObject(s_and_end, *args)
+        except _DuplicateKey as e:
+            if e.first is None:  # the innermost object with the repeat names the lines
+                e.first, e.second = _object_key_lines(*s_and_end, e.key)[:2]
+            raise
+
+    decoder.parse_object = parse_object
+    decoder.scan_once = json.scanner.py_make_scanner(decoder)  # the one that calls parse_object
+    return decoder.decode(text)
 
 
 def _json_pairs(pairs: list[tuple[str, Any]]) -> dict:
@@ -182,14 +218,14 @@ def _parse_text(path: Path, text: str) -> Any:
     fix = "keep one of them (the file would otherwise silently use the last)"
     if path.suffix == ".json":
         try:
-            return json.loads(text, object_pairs_hook=_json_pairs)
+            return _strict_json(text)
         except json.JSONDecodeError as e:
             raise ConfigError(
                 f"--config {path}: not valid JSON ({e.msg} at line {e.lineno}, column {e.colno})"
             ) from e
         except _DuplicateKey as e:
-            raise ConfigError(f"--config {path}: key {e.key!r} given twice in one object "
-                              f"({_duplicate_key_lines(text, e.key)}); {fix}") from None
+            raise ConfigError(f"--config {path}: key {e.key!r} given twice in one object (line "
+                              f"{e.first} and line {e.second}); {fix}") from None
     import yaml
 
     try:
