@@ -58,7 +58,8 @@ def load_data(cfg: Config):
     # --instruction-data NAME is Alpaca rows whatever NAME is
     instruction = src(d.instruction_data, instruction=True) if d.instruction_data else None
     return make_splits(in_domain, ood, n_train=d.n_train, n_calib=d.n_calib, n_test=d.n_test,
-                       n_ood=d.n_ood, seed=split_seed(cfg), instruction_train=instruction)
+                       n_ood=d.n_ood, seed=split_seed(cfg), instruction_train=instruction,
+                       dedup=d.dedup)
 
 
 # -- training ------------------------------------------------------------------------------------
@@ -220,7 +221,8 @@ def prepare_run_dir(cfg: Config, dist: distributed.Dist) -> tuple[Run, Any]:
     record config.json and splits.json. Returns the run's state and the data splits."""
     run_dir, splits = claim_run_dir(cfg, dist, load_data)
     state = Run(cfg, dist, run_dir, cfg.hash())
-    state.extra = {"config_hash": state.config_hash, "zero_shot_accuracy": {}}
+    state.extra = {"config_hash": state.config_hash, "zero_shot_accuracy": {},
+                   "split_fingerprints": splits.fingerprints()}
     return state, splits
 
 

@@ -12,6 +12,7 @@ import dataclasses
 import itertools
 import json
 import sys
+from collections.abc import Hashable
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
@@ -126,8 +127,122 @@ def resolve_config_file(name: str) -> Path:
     raise ConfigError(f"--config: no file {name!r} and no preset of that name (presets: {presets})")
 
 
+def _object_key_lines(text: str, start: int, key: str) -> list[int]:
+    """The 1-based lines where ``key`` is a key of the JSON object whose body starts at
+    ``text[start]`` (its own keys only: nested objects and strings are skipped)."""
+    depth, i, lines = 0, start, []
+    while i < len(text):
+        c = text[i]
+        if c == '"':
+            j = i + 1
+            while text[j] != '"':
+                j += 2 if text[j] == "\\" else 1
+            if depth == 0 and text[j + 1:].lstrip().startswith(":") and json.loads(text[i:j + 1]) == key:
+                lines.append(text.count("\n", 0, i) + 1)
+            i = j + 1
+            continue
+        if c in "{[":
+            depth += 1
+        elif c in "}]":
+            if depth == 0:
+                break
+            depth -= 1
+        i += 1
+    return lines
+
+
+def _strict_json(text: str) -> Any:
+    """`json.loads` refusing a key given twice in one object, with its two lines: json's pairs
+    hook gives no position, so each object's parse is wrapped to know where it starts."""
+    import json.decoder
+    import json.scanner
+
+    decoder = json.JSONDecoder(object_pairs_hook=_json_pairs)
+
+    def parse_object(s_and_end: tuple[str, int], *args: Any) -> Any:
+        try:
+            return json.decoder.JSONObject(s_and_end, *args)
+        except _DuplicateKey as e:
+            if e.first is None:  # the innermost object with the repeat names the lines
+                e.first, e.second = _object_key_lines(*s_and_end, e.key)[:2]
+            raise
+
+    decoder.parse_object = parse_object
+    decoder.scan_once = json.scanner.py_make_scanner(decoder)  # the one that calls parse_object
+    return decoder.decode(text)
+
+
+def _json_pairs(pairs: list[tuple[str, Any]]) -> dict:
+    """json's ``object_pairs_hook``: one object never names a key twice."""
+    out: dict = {}
+    for k, v in pairs:
+        if k in out:
+            raise _DuplicateKey(k, None, None)
+        out[k] = v
+    return out
+
+
+class _DuplicateKey(Exception):
+    """A key given twice in one mapping: its name, its first and second line (1-based)."""
+
+    def __init__(self, key: Any, first: int | None, second: int | None) -> None:
+        super().__init__(key)
+        self.key, self.first, self.second = key, first, second
+
+
+def _strict_yaml_loader() -> type:
+    """A `yaml.SafeLoader` whose mappings refuse a key given twice (PyYAML keeps the last one
+    silently, so ``train: {steps: 4}`` then ``train: {steps: 8}`` would run 8 steps)."""
+    import yaml
+
+    class StrictLoader(yaml.SafeLoader):
+        def construct_mapping(self, node: Any, deep: bool = False) -> dict:
+            if isinstance(node, yaml.MappingNode):
+                seen: dict[Any, int] = {}
+                for key_node, _ in node.value:  # the keys written here ("<<" merges may be
+                    if key_node.tag == "tag:yaml.org,2002:merge":  # overridden: YAML's rule)
+                        continue
+                    key = self.construct_object(key_node, deep=True)
+                    line = key_node.start_mark.line + 1
+                    if isinstance(key, Hashable) and key in seen:
+                        raise _DuplicateKey(key, seen[key], line)
+                    if isinstance(key, Hashable):
+                        seen[key] = line
+            return super().construct_mapping(node, deep=deep)
+
+    return StrictLoader
+
+
+def _parse_text(path: Path, text: str) -> Any:
+    """JSON (by suffix) or YAML; a syntax error or a key given twice names the line."""
+    fix = "keep one of them (the file would otherwise silently use the last)"
+    if path.suffix == ".json":
+        try:
+            return _strict_json(text)
+        except json.JSONDecodeError as e:
+            raise ConfigError(
+                f"--config {path}: not valid JSON ({e.msg} at line {e.lineno}, column {e.colno})"
+            ) from e
+        except _DuplicateKey as e:
+            raise ConfigError(f"--config {path}: key {e.key!r} given twice in one object (line "
+                              f"{e.first} and line {e.second}); {fix}") from None
+    import yaml
+
+    try:
+        return yaml.load(text, Loader=_strict_yaml_loader())  # noqa: S506 (a SafeLoader subclass)
+    except _DuplicateKey as e:
+        raise ConfigError(f"--config {path}: key {e.key!r} given twice in one mapping (line "
+                          f"{e.first} and line {e.second}); {fix}") from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(e, "problem", None) or type(e).__name__
+        raise ConfigError(f"--config {path}: not valid YAML ({problem}{at})") from e
+
+
 def load_file(path: str | Path) -> dict:
-    """Read a YAML or JSON config file into a (nested) dict."""
+    """Read a YAML or JSON config file into a (nested) dict; a key given twice in one mapping
+    (at any depth) is refused with the key and its lines."""
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8-sig")
@@ -135,23 +250,7 @@ def load_file(path: str | Path) -> dict:
         raise ConfigError(f"--config {path}: cannot read it ({e.strerror or e})") from e
     except UnicodeDecodeError as e:
         raise ConfigError(f"--config {path}: not UTF-8 text ({e.reason} at byte {e.start})") from e
-    if path.suffix == ".json":
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise ConfigError(
-                f"--config {path}: not valid JSON ({e.msg} at line {e.lineno}, column {e.colno})"
-            ) from e
-    else:
-        import yaml
-
-        try:
-            data = yaml.safe_load(text)
-        except yaml.YAMLError as e:
-            mark = getattr(e, "problem_mark", None)
-            at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-            problem = getattr(e, "problem", None) or type(e).__name__
-            raise ConfigError(f"--config {path}: not valid YAML ({problem}{at})") from e
+    data = _parse_text(path, text)
     if data is None:
         return {}
     if not isinstance(data, dict):

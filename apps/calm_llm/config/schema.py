@@ -105,6 +105,13 @@ class DataConfig:
         "--data-files alpaca=PATH or --data-hub alpaca=ORG/NAME; replaces MCQA training data",
     )
     source_limit: int = opt(0, "read at most this many rows per source (0 = all)")
+    dedup: str = opt(
+        "drop",
+        "questions repeated within a set, shared between sets or unanswerable (gold text repeated "
+        "as a distractor): 'drop' them before splitting (counted in splits.json) or 'refuse' the "
+        "data naming their ids",
+        choices=("drop", "refuse"),
+    )
 
 
 @dataclass
@@ -339,7 +346,7 @@ class Config:
         """
         out: dict[str, Any] = {}
         for sec, f in _leaf_fields():
-            if f.name in RUN_ONLY or f.name in EVAL_ONLY:
+            if f.name in RUN_ONLY or f.name in EVAL_ONLY or f.name in SPLIT_ONLY:
                 continue
             # multiple-choice runs ignore the open-QA options: their hashes stay what they were
             if self.task == "mcqa" and (sec == "open_qa" or f.name == "task"):
@@ -369,6 +376,10 @@ RUN_ONLY = ("out", "resume", "force_resume", "checkpoint_every", "fsdp", "report
 
 # options read only when metrics are computed from predictions: a resume may change them
 EVAL_ONLY = ("n_bins", "n_boot")
+
+# options whose effect is the splits, which splits.json records and a resume checks (a changed
+# split is refused there): outside the hash, so adding one moved no run's hash or checkpoint
+SPLIT_ONLY = ("dedup",)
 
 
 def differences(saved: Config, now: Config) -> list[str]:

@@ -27,6 +27,9 @@ _WHERE = {
     "open_qa_source_names": "open_qa",
     "Splits": "splits",
     "make_splits": "splits",
+    "question_key": "splits",
+    "split_fingerprints": "splits",
+    "split_question_digests": "splits",
 }
 
 __all__ = sorted(_WHERE)

@@ -54,6 +54,13 @@ class MCQAExample:
                 f"MCQAExample {self.id!r}: label {self.label} outside 0..{len(self.options) - 1}"
             )
 
+    def gold_repeated(self) -> bool:
+        """Whether the gold option's text appears again as a distractor (up to spacing): such a
+        question is unanswerable (a model choosing the twin is scored wrong). Case is kept:
+        it carries meaning in the data (genotypes ``Cc``/``cc``, formal logic ``Sc``/``sC``)."""
+        gold = " ".join(self.options[self.label].split())
+        return sum(" ".join(o.split()) == gold for o in self.options) > 1
+
 
 @dataclass(frozen=True)
 class InstructionExample:

@@ -73,7 +73,7 @@ def load_splits(cfg: Config):
 
     return make_splits({n: src(n) for n in d.in_domain}, {n: src(n) for n in d.out_of_domain},
                        n_train=d.n_train, n_calib=d.n_calib, n_test=d.n_test, n_ood=d.n_ood,
-                       seed=split_seed(cfg))
+                       seed=split_seed(cfg), dedup=d.dedup)
 
 
 def cluster_backend(cfg: Config) -> semantic.ClusterBackend:
@@ -150,7 +150,7 @@ def prepare(cfg: Config, dist: distributed.Dist) -> tuple[OpenQARun, Any]:
         "test " + ", ".join(f"{n} {len(v)}" for n, v in [*splits.test.items(), *splits.ood.items()]),
         dist)
     state = OpenQARun(cfg, dist, run_dir, cfg.hash())
-    state.extra = {"config_hash": state.config_hash}
+    state.extra = {"config_hash": state.config_hash, "split_fingerprints": splits.fingerprints()}
     return state, splits
 
 
