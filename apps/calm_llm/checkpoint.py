@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..errors import RunRefused
+from ..errors import Diverged, RunRefused
 from .io import CorruptFile, atomic_save_tensors, atomic_write_text, read_json, read_tensors
 
 FORMAT = 1
@@ -103,6 +103,11 @@ def save(
     tensors: dict[str, torch.Tensor] = {f"lora.{n}": _tensor(t) for n, t in lora.items()}
     tensors.update({f"alpha.{n}": _tensor(t) for n, t in method.outer_params().items()})
     tensors.update({f"extra.{n}": _tensor(t) for n, t in method.tensors().items()})
+    bad = [n for n, t in tensors.items() if t.is_floating_point() and not bool(t.isfinite().all())]
+    if bad:  # the runner stops a diverged step first; this keeps any other caller honest
+        raise Diverged(f"{directory}: not checkpointing {method.name!r} at step {step}: "
+                       f"non-finite values in {', '.join(bad[:3])}{' ...' if len(bad) > 3 else ''}"
+                       "; the previous checkpoint is kept. Lower the learning rate")
     opt_meta = {}
     for name, opt in method.optimizers.items():
         t, m = _optimizer_state(name, opt)
