@@ -1,6 +1,7 @@
 """Stage 1 of a run, shared by both tasks: claim the run directory and check a resume.
 
-A new run never writes over another's results (`make_run_dir`); a resume is refused when its
+A new run never writes over another's results (`make_run_dir`), but takes over a folder whose
+run failed before training (`NOT_STARTED`); a resume is refused when its
 options (`check_resume_config`) or its data's splits (`check_resume_splits`) differ from the
 run's record in a way that changes results. `claim_run_dir` does all of it, then records
 ``config.json`` and ``splits.json``.
@@ -24,6 +25,12 @@ from ..logs import log
 # what a run directory holds once a run has started in it (a new run never writes over these)
 RUN_FILES = ("config.json", "splits.json", "metrics.json", "predictions.safetensors",
              "checkpoints", "export")
+# written with config.json by a new run and removed when its first method starts training (a
+# method that does not train writes metrics.json first): a folder that holds it and no results
+# is a run that failed before training (model load, say), which a rerun into it takes over
+NOT_STARTED = ".not-started"
+# what such a run leaves, all of it rewritten by the run that takes the folder over
+BEFORE_TRAINING = {"config.json", "splits.json"}
 
 
 def make_run_dir(cfg: Config, dist: distributed.Dist | None = None) -> Path:
@@ -35,6 +42,10 @@ def make_run_dir(cfg: Config, dist: distributed.Dist | None = None) -> Path:
     if cfg.out:
         out = Path(cfg.out)
         held = [f for f in RUN_FILES if (out / f).exists()]
+        if held and set(held) <= BEFORE_TRAINING and (out / NOT_STARTED).is_file():
+            log(f"--out {out}: the run there failed before training (nothing trained or "
+                "evaluated); this run takes the folder over", dist)
+            return out
         if held:
             raise RunRefused(
                 f"--out {out} already holds a run ({', '.join(held)}); a new run does not write "
@@ -71,6 +82,12 @@ def check_resume_config(cfg: Config, run_dir: Path) -> None:
         saved = from_dict(read_json(run_dir / "config.json", fix))
     except ConfigError as e:
         raise RunRefused(f"{run_dir / 'config.json'}: {e}") from e
+    if cfg.out and cfg.out != saved.out and Path(cfg.out).resolve() != run_dir.resolve():
+        raise RunRefused(
+            f"--resume {run_dir} --out {cfg.out}: a resumed run continues in its own folder "
+            f"({run_dir}) and its config.json is never rewritten; drop --out, or start a new run "
+            f"with --out {cfg.out} alone"
+        )
     diff = differences(saved, cfg)
     if diff:
         raise RunRefused(
@@ -119,11 +136,29 @@ def claim_run_dir(cfg: Config, dist: distributed.Dist, load: Any) -> tuple[Path,
     if cfg.resume:
         check_resume_splits(cfg, run_dir, manifest, dist)
     if dist.main:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        cfg.save(run_dir)
-        atomic_write_text(run_dir / "splits.json", json.dumps(manifest, indent=1))
+        record_run(cfg, run_dir, manifest)
     log(f"run directory: {run_dir}", dist)
     return run_dir, splits
+
+
+def record_run(cfg: Config, run_dir: Path, manifest: dict[str, Any]) -> None:
+    """Write config.json and splits.json of a new run, marked `NOT_STARTED` until
+    `mark_started`. A resume never rewrites config.json (it is the run's record: ``--out``, a
+    changed --n-bins or --n-boot would otherwise replace what the run was started with), and
+    rewrites splits.json only when it is missing (killed before it) or was moved aside by
+    --force-resume."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    if not cfg.resume:
+        atomic_write_text(run_dir / NOT_STARTED, "")
+        cfg.save(run_dir)
+    if not (run_dir / "splits.json").is_file():
+        atomic_write_text(run_dir / "splits.json", json.dumps(manifest, indent=1))
+
+
+def mark_started(run_dir: Path, dist: distributed.Dist) -> None:
+    """Training has started: from now on the folder is a run (a rerun needs --resume)."""
+    if dist.main:
+        (run_dir / NOT_STARTED).unlink(missing_ok=True)
 
 
 def base_method(row: str) -> str:

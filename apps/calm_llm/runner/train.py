@@ -16,6 +16,7 @@ from .. import checkpoint
 from ..history import HistoryWriter, plot_training
 from ..logs import log
 from ..methods.base import Context, Method, all_finite
+from .prepare import mark_started
 
 
 @dataclass
@@ -58,6 +59,7 @@ def train_method(
     cfg = ctx.cfg
     ckpt_dir = run_dir / "checkpoints" / method.name
     start, history = 0, []
+    mark_started(run_dir, ctx.dist)
     if resume and checkpoint.exists(ckpt_dir):
         start, history = checkpoint.restore(ckpt_dir, method=method, lm=ctx.lm,
                                             config_hash=config_hash)
