@@ -932,6 +932,11 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     study = STUDIES[a.name]
     root = Path(a.root or f"runs/study-{study.name}")
+    if root.exists() and not root.is_dir():
+        ap.error(f"--root {root}: a file is there, not a folder of cells; give a folder "
+                 f"(default runs/study-{study.name})")
+    if not 2 <= a.n_boot <= 1_000_000:  # an interval needs two resamples; more is only slower
+        ap.error(f"--n-boot: between 2 and 1,000,000 resamples, got {a.n_boot:,}")
     if a.figures:
         from apps import study_figures
 

@@ -3,6 +3,7 @@ how to cause it, and the one-line message the run must end with (never a traceba
 silently wrong result). A new fault is one new row."""
 
 import math
+import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,9 +14,13 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from apps import study
 from apps.calm_llm import checkpoint
+from apps.calm_llm import model as model_lib
 from apps.calm_llm.__main__ import main
+from apps.calm_llm.io import CorruptFile
 from apps.calm_llm.methods import calm as calm_module
+from apps.calm_llm.runner import prepare
 from apps.errors import Diverged
 
 TINY = ["--config", "tiny", "--n-boot", "0", "--checkpoint-every", "1"]
@@ -23,18 +28,32 @@ TINY = ["--config", "tiny", "--n-boot", "0", "--checkpoint-every", "1"]
 
 @dataclass
 class Fault:
-    """``argv`` (``{out}`` is replaced by the run folder); ``inject(monkeypatch, tmp_path)``
-    prepares the fault; the run exits with ``rc`` and stderr holds every string of ``needles``
-    (``{out}`` replaced too); ``after(out)`` checks what the run left behind."""
+    """``argv`` (``{out}`` is replaced by the run folder, ``{other}`` by a second folder);
+    with ``finished`` the run folder starts as a copy of a finished tiny run (sft, 2 steps);
+    ``inject(monkeypatch, out)`` prepares the fault; the run exits with ``rc`` and stderr
+    holds every string of ``needles`` (placeholders replaced too); ``after(out)`` checks what
+    the run left behind."""
 
     argv: list[str]
     needles: list[str]
     rc: int = 1
+    finished: bool = False
     inject: Callable[[Any, Path], None] | None = None
     after: Callable[[Path], None] | None = None
 
 
-def _nan_grads_from_second_call(monkeypatch, tmp_path):
+FINISHED = [*TINY, "--methods", "sft", "--steps", "2"]
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory):
+    """A finished tiny run (sft, 2 steps) and its config.json's bytes."""
+    out = tmp_path_factory.mktemp("finished") / "run"
+    assert main([*FINISHED, "--out", str(out)]) == 0
+    return out
+
+
+def _nan_grads_from_second_call(monkeypatch, out):
     original, calls = calm_module._accumulate, []
 
     def accumulate(params, grads, scale):
@@ -42,6 +61,15 @@ def _nan_grads_from_second_call(monkeypatch, tmp_path):
         original(params, grads, scale * (math.nan if len(calls) > 2 else 1.0))
 
     monkeypatch.setattr(calm_module, "_accumulate", accumulate)
+
+
+def _config_unchanged(out):
+    assert (out / "config.json").read_bytes() == (out.parent / "config.before").read_bytes()
+
+
+def _no_cuda(monkeypatch, out):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
 
 
 def _checkpoints_finite(out):
@@ -63,21 +91,50 @@ FAULTS = {
         ["[calm] training diverged: non-finite gradients at step 2", "--alpha-lr",
          "last good checkpoint: {out}/checkpoints/calm (step 1)"],
         inject=_nan_grads_from_second_call, after=_checkpoints_finite),
+    # --resume continues in its own folder and never rewrites the run's record
+    "resume with another --out": Fault(
+        ["--resume", "{out}", "--out", "{other}"],
+        ["--resume {out} --out {other}: a resumed run continues in its own folder",
+         "drop --out"], finished=True, after=_config_unchanged),
+    "resume changing a result option": Fault(
+        ["--resume", "{out}", "--lr", "0.5"], ["--resume {out}: options differ", "lr"],
+        finished=True, after=_config_unchanged),
+    "resume of a finished run": Fault(["--resume", "{out}", "--n-bins", "7"], [], rc=0,
+                                      finished=True, after=_config_unchanged),
+    # sizes that cannot work are refused before anything loads (exit 2: the configuration)
+    "tiny model of odd width": Fault(
+        [*TINY, "--tiny-hidden", "12", "--out", "{out}"],
+        ["--tiny-hidden: must be a multiple of 8", "got 12"], rc=2),
+    "absurd --n-bins": Fault([*TINY, "--n-bins", "1000000000000", "--out", "{out}"],
+                             ["--n-bins: at most 100,000"], rc=2),
+    "absurd --n-boot": Fault([*TINY, "--n-boot", "1000000000000", "--out", "{out}"],
+                             ["--n-boot: at most 1,000,000 resamples"], rc=2),
+    "--device cuda without CUDA": Fault(
+        [*TINY, "--device", "cuda", "--out", "{out}"],
+        ["--device cuda: this machine has no CUDA device", "use --device cpu"], rc=2,
+        inject=_no_cuda),
 }
 
 
 @pytest.mark.parametrize("name", list(FAULTS))
-def test_fault_ends_in_one_line_naming_the_cause(name, tmp_path, monkeypatch, capsys):
+def test_fault_ends_in_one_line_naming_the_cause(name, finished, tmp_path, monkeypatch, capsys):
     fault = FAULTS[name]
-    out = tmp_path / "run"
+    out, other = tmp_path / "run", tmp_path / "other"
+    if fault.finished:
+        shutil.copytree(finished, out)
+        shutil.copy(out / "config.json", tmp_path / "config.before")
     if fault.inject is not None:
-        fault.inject(monkeypatch, tmp_path)
-    rc = main([a.replace("{out}", str(out)) for a in fault.argv])
+        fault.inject(monkeypatch, out)
+
+    def fill(text):
+        return text.replace("{out}", str(out)).replace("{other}", str(other))
+
+    rc = main([fill(a) for a in fault.argv])
     err = capsys.readouterr().err
     assert rc == fault.rc, err
     assert "Traceback" not in err
     for needle in fault.needles:
-        assert needle.replace("{out}", str(out)) in err, err
+        assert fill(needle) in err, err
     if fault.after is not None:
         fault.after(out)
 
@@ -97,3 +154,44 @@ def test_a_non_finite_state_is_never_checkpointed(tmp_path):
         checkpoint.save(d, method=_method(), lora={"w": torch.tensor([1.0, math.inf])}, step=2,
                         config_hash="h", history=[])
     assert (d / "state.safetensors").read_bytes() == before
+
+
+def test_a_run_that_failed_before_training_is_taken_over_by_its_rerun(tmp_path, monkeypatch,
+                                                                     capsys):
+    out, real_load = tmp_path / "run", model_lib.load
+
+    def unloadable(*args, **kwargs):
+        raise CorruptFile("the model cannot be loaded (a damaged cache, say)")
+
+    monkeypatch.setattr(model_lib, "load", unloadable)
+    argv = [*TINY, "--methods", "sft", "--steps", "1", "--out", str(out)]
+    assert main(argv) == 1
+    assert (out / "config.json").is_file() and (out / prepare.NOT_STARTED).is_file()
+    monkeypatch.setattr(model_lib, "load", real_load)
+    assert main(argv) == 0  # not "already holds a run": nothing there was trained or evaluated
+    assert "failed before training" in capsys.readouterr().err
+    assert (out / "metrics.json").is_file() and not (out / prepare.NOT_STARTED).exists()
+    assert main(argv) == 1  # a run that trained is never taken over
+    assert f"--out {out} already holds a run" in capsys.readouterr().err
+
+
+# the study runner: (argv after the study's name, message, whether --root {root} is a
+# regular file rather than a folder)
+STUDY_FAULTS = {
+    "--root naming a file": (["--summarize"], "--root {root}: a file is there, not a folder", True),
+    "absurd --n-boot": (["--summarize", "--n-boot", "1000000000000"],
+                        "--n-boot: between 2 and 1,000,000 resamples", False),
+}
+
+
+@pytest.mark.parametrize("name", list(STUDY_FAULTS))
+def test_study_fault_is_one_line(name, tmp_path, capsys):
+    argv, needle, root_is_file = STUDY_FAULTS[name]
+    root = tmp_path / "root"
+    if root_is_file:
+        root.write_text("not a folder")
+    with pytest.raises(SystemExit) as e:
+        study.main(["laptop", "--root", str(root), *argv])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "Traceback" not in err
+    assert needle.replace("{root}", str(root)) in err, err
