@@ -2,6 +2,7 @@
 how to cause it, and the one-line message the run must end with (never a traceback, never a
 silently wrong result). A new fault is one new row."""
 
+import errno
 import math
 import shutil
 from collections.abc import Callable
@@ -16,12 +17,13 @@ from safetensors.torch import load_file
 
 from apps import study
 from apps.calm_llm import checkpoint
+from apps.calm_llm import io as io_module
 from apps.calm_llm import model as model_lib
 from apps.calm_llm.__main__ import main
 from apps.calm_llm.io import CorruptFile
 from apps.calm_llm.methods import calm as calm_module
 from apps.calm_llm.runner import prepare
-from apps.errors import Diverged
+from apps.errors import DataError, Diverged
 
 TINY = ["--config", "tiny", "--n-boot", "0", "--checkpoint-every", "1"]
 
@@ -72,6 +74,28 @@ def _no_cuda(monkeypatch, out):
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
 
 
+def _disk_refuses(name, code, strerror):
+    """A disk that refuses files named `name` (any file of the run when "") with `code`."""
+    def inject(monkeypatch, out):
+        real = io_module.tempfile.mkstemp
+
+        def mkstemp(*args, dir=None, prefix="", **kwargs):
+            if dir is not None and str(dir).startswith(str(out)) and name in prefix:
+                raise OSError(code, strerror, str(dir))
+            return real(*args, dir=dir, prefix=prefix, **kwargs)
+
+        monkeypatch.setattr(io_module.tempfile, "mkstemp", mkstemp)
+    return inject
+
+
+def _damaged_model_cache(monkeypatch, out):
+    folder = out.parent / "cache" / "SmolLM2-135M-Instruct-fp32"
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text('{"model_type": "llama", "hidden')
+    (folder / "model.safetensors").write_bytes(b"\x00" * 64)
+    monkeypatch.setenv("CALM_CACHE_DIR", str(out.parent / "cache"))
+
+
 def _checkpoints_finite(out):
     for path in (out / "checkpoints").rglob("state.safetensors"):
         for name, t in load_file(path).items():
@@ -113,6 +137,19 @@ FAULTS = {
         [*TINY, "--device", "cuda", "--out", "{out}"],
         ["--device cuda: this machine has no CUDA device", "use --device cpu"], rc=2,
         inject=_no_cuda),
+    # the disk refuses a write: the file and what to do, in one line
+    "read-only --out": Fault(
+        [*TINY, "--methods", "none", "--out", "{out}"],
+        ["cannot write {out}/", "read-only file system: give an --out"],
+        inject=_disk_refuses("", errno.EROFS, "Read-only file system")),
+    "disk full at metrics.json": Fault(
+        [*TINY, "--methods", "none", "--out", "{out}"],
+        ["cannot write {out}/metrics.json (No space left on device)", "--resume DIR"],
+        inject=_disk_refuses("metrics.json", errno.ENOSPC, "No space left on device")),
+    "damaged converted model cache": Fault(
+        [*TINY, "--methods", "none", "--model", "smollm2", "--out", "{out}"],
+        ["the converted model cache is damaged", "Delete that folder and rerun"],
+        inject=_damaged_model_cache),
 }
 
 
@@ -195,3 +232,11 @@ def test_study_fault_is_one_line(name, tmp_path, capsys):
     err = capsys.readouterr().err
     assert e.value.code == 2 and "Traceback" not in err
     assert needle.replace("{root}", str(root)) in err, err
+
+
+def test_a_damaged_history_file_is_named_with_the_fix(tmp_path):
+    path = tmp_path / "history_sft.jsonl"
+    path.write_text('{"step": 1, "loss": 2.0}\n{"step": 2, "lo')
+    with pytest.raises(DataError) as e:
+        study.dynamics(path)
+    assert f"{path}: line 2 is not JSON" in str(e.value) and "delete it" in str(e.value)
