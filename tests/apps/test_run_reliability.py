@@ -3,6 +3,7 @@ how to cause it, and the one-line message the run must end with (never a traceba
 silently wrong result). A new fault is one new row."""
 
 import errno
+import json
 import math
 import shutil
 from collections.abc import Callable
@@ -240,3 +241,18 @@ def test_a_damaged_history_file_is_named_with_the_fix(tmp_path):
     with pytest.raises(DataError) as e:
         study.dynamics(path)
     assert f"{path}: line 2 is not JSON" in str(e.value) and "delete it" in str(e.value)
+
+
+@pytest.mark.parametrize(("key", "value"), [("step", 1), ("streams", {"train": 0}),
+                                            ("history", [{"step": 1, "loss": 0.0}])])
+def test_an_edited_state_json_is_refused_by_name(tmp_path, key, value):
+    d = tmp_path / "sft"
+    checkpoint.save(d, method=_method(), lora={"w": torch.ones(4)}, step=2, config_hash="h",
+                    history=[{"step": 1, "loss": 1.5}, {"step": 2, "loss": 1.25}])
+    assert checkpoint.load(d)[1]["step"] == 2  # as written, it loads
+    meta = json.loads((d / "state.json").read_text())
+    meta[key] = value
+    (d / "state.json").write_text(json.dumps(meta))
+    with pytest.raises(CorruptFile, match="does not match the checksum") as e:
+        checkpoint.load(d)
+    assert str(d / "state.json") in str(e.value) and f"Delete the folder {d}" in str(e.value)
