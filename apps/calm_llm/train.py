@@ -39,7 +39,7 @@ from .io import read_json, read_tensors
 from .logs import log
 from .methods.base import Context, Method
 from .predict import predict_option_logits, probabilities
-from .runner.prepare import RESULTS_FIX, base_method, claim_run_dir
+from .runner.prepare import RESULTS_FIX, base_method, check_kept_results, claim_run_dir
 from .runner.train import EvalSet, train_method
 
 
@@ -245,6 +245,7 @@ def restore_evaluated(state: Run) -> None:
         if base_method(m) in cfg.methods and m in saved_preds:
             state.results[m], state.predictions[m] = saved[m], saved_preds[m]
             log(f"[{m}] already evaluated in {state.run_dir}; kept", state.dist)
+    check_kept_results(state.run_dir, state.results, state.predictions)
     if reevaluate(state.results, state.predictions, n_bins=cfg.n_bins, n_boot=cfg.n_boot) \
             and state.dist.main:
         log(f"re-evaluated the kept methods with --n-bins {cfg.n_bins} --n-boot {cfg.n_boot}",

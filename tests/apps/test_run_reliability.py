@@ -97,6 +97,13 @@ def _damaged_model_cache(monkeypatch, out):
     monkeypatch.setenv("CALM_CACHE_DIR", str(out.parent / "cache"))
 
 
+def _edit_metric(monkeypatch, out):
+    path = out / "metrics.json"
+    saved = json.loads(path.read_text())
+    saved["results"]["sft"]["sciq"]["accuracy"] = 0.999
+    path.write_text(json.dumps(saved))
+
+
 def _checkpoints_finite(out):
     for path in (out / "checkpoints").rglob("state.safetensors"):
         for name, t in load_file(path).items():
@@ -124,6 +131,12 @@ FAULTS = {
     "resume changing a result option": Fault(
         ["--resume", "{out}", "--lr", "0.5"], ["--resume {out}: options differ", "lr"],
         finished=True, after=_config_unchanged),
+    # a kept result must be what its saved predictions give
+    "resume after metrics.json was edited": Fault(
+        ["--resume", "{out}"],
+        ["{out}/metrics.json: sft on sciq: accuracy is 0.999 there, but the saved predictions",
+         "Delete metrics.json and predictions.safetensors"],
+        finished=True, inject=_edit_metric, after=_config_unchanged),
     "resume of a finished run": Fault(["--resume", "{out}", "--n-bins", "7"], [], rc=0,
                                       finished=True, after=_config_unchanged),
     # sizes that cannot work are refused before anything loads (exit 2: the configuration)

@@ -10,13 +10,14 @@ run's record in a way that changes results. `claim_run_dir` does all of it, then
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 from pathlib import Path
 from typing import Any
 
 from ...errors import RunRefused
-from .. import distributed
+from .. import distributed, evaluate
 from ..config import Config, differences
 from ..data.splits import manifest_changes
 from ..io import atomic_write_text, read_json
@@ -169,3 +170,34 @@ def base_method(row: str) -> str:
 # a results file cut short (full disk, kill) is recomputed from the checkpoints, not guessed at
 RESULTS_FIX = ("Delete metrics.json and predictions.safetensors in that folder and resume again: "
                "every method is evaluated again (from its final checkpoint where it has one)")
+
+
+def check_kept_results(run_dir: Path, results: dict[str, dict[str, Any]],
+                       predictions: dict[str, dict[str, tuple[Any, Any]]]) -> None:
+    """Refuse kept rows whose metrics.json values are not what their saved predictions give.
+
+    A resume keeps the rows already evaluated and writes them into the new metrics.json, so an
+    edited value (or a metrics.json from another run beside these predictions) would be carried
+    on as a result. Each kept (row, dataset) is recomputed from predictions.safetensors with its
+    own --n-bins and compared, point metrics only (the bootstrap intervals would cost n_boot
+    metric evaluations each). Cost: one `evaluate.dataset_metrics(n_boot=0)` per pair.
+    """
+    metrics_path, preds_path = run_dir / "metrics.json", run_dir / "predictions.safetensors"
+    for row, per_ds in results.items():
+        for ds, saved in per_ds.items():
+            if ds not in predictions[row]:
+                raise RunRefused(f"{metrics_path}: row {row!r} has {ds} but {preds_path} holds "
+                                 f"no predictions for it. {RESULTS_FIX}")
+            probs, y = predictions[row][ds]
+            now = evaluate.dataset_metrics(probs, y, domain=saved["domain"],
+                                           n_bins=saved.get("n_bins", 10), n_boot=0)
+            for key, value in now.items():
+                old = saved.get(key)
+                if not isinstance(value, int | float) or not isinstance(old, int | float):
+                    continue
+                if not (math.isclose(old, value, rel_tol=1e-9, abs_tol=1e-12)
+                        or (math.isnan(old) and math.isnan(value))):
+                    raise RunRefused(
+                        f"{metrics_path}: {row} on {ds}: {key} is {old!r} there, but the saved "
+                        f"predictions ({preds_path}) give {value!r}; the file was edited, or "
+                        f"the two files come from different runs. {RESULTS_FIX}")
