@@ -35,7 +35,7 @@ from .config import (
 )
 from .data import Collator, load_source, make_splits
 from .data.collate import warn_truncated
-from .io import read_json, read_tensors
+from .io import CorruptFile, read_json, read_tensors
 from .logs import log
 from .methods.base import Context, Method
 from .predict import predict_option_logits, probabilities
@@ -74,10 +74,14 @@ def _load_predictions(path: Path) -> dict[str, dict[str, tuple[torch.Tensor, tor
     if not path.is_file():
         return out
     t = read_tensors(path, RESULTS_FIX)
-    for key in t:
-        method, ds, kind = key.split("/")
-        if kind == "probs":
-            out.setdefault(method, {})[ds] = (t[key], t[f"{method}/{ds}/labels"])
+    try:
+        for key in t:
+            method, ds, kind = key.split("/")
+            if kind == "probs":
+                out.setdefault(method, {})[ds] = (t[key], t[f"{method}/{ds}/labels"])
+    except (ValueError, KeyError) as e:  # readable, but not what write_results writes
+        raise CorruptFile(f"{path}: not a predictions file of this project (entry {e}). "
+                          f"{RESULTS_FIX}") from e
     return out
 
 

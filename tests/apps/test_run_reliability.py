@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 import torch
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 
 from apps import study
 from apps.calm_llm import checkpoint
@@ -104,6 +104,10 @@ def _edit_metric(monkeypatch, out):
     path.write_text(json.dumps(saved))
 
 
+def _foreign_predictions(monkeypatch, out):
+    save_file({"sft/sciq/probs": torch.ones(2, 2) / 2}, out / "predictions.safetensors")
+
+
 def _checkpoints_finite(out):
     for path in (out / "checkpoints").rglob("state.safetensors"):
         for name, t in load_file(path).items():
@@ -137,6 +141,11 @@ FAULTS = {
         ["{out}/metrics.json: sft on sciq: accuracy is 0.999 there, but the saved predictions",
          "Delete metrics.json and predictions.safetensors"],
         finished=True, inject=_edit_metric, after=_config_unchanged),
+    "resume with predictions lacking labels": Fault(
+        ["--resume", "{out}"],
+        ["{out}/predictions.safetensors: not a predictions file of this project",
+         "Delete metrics.json and predictions.safetensors"],
+        finished=True, inject=_foreign_predictions),
     "resume of a finished run": Fault(["--resume", "{out}", "--n-bins", "7"], [], rc=0,
                                       finished=True, after=_config_unchanged),
     # sizes that cannot work are refused before anything loads (exit 2: the configuration)
