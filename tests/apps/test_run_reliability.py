@@ -66,6 +66,20 @@ def _nan_grads_from_second_call(monkeypatch, out):
     monkeypatch.setattr(calm_module, "_accumulate", accumulate)
 
 
+def _inf_alpha_grad_from_second_step(monkeypatch, out):
+    """Only α's direction is +inf: CALM clamps α's gradient (--alpha-grad-clip), which would
+    make it look finite after the clamp."""
+    original, calls = calm_module._accumulate, []
+
+    def accumulate(params, grads, scale):
+        is_alpha = not any("lora" in n for n in params)
+        calls.append(is_alpha)
+        bad = is_alpha and calls.count(True) > 1
+        original(params, {n: g * math.inf if bad else g for n, g in grads.items()}, scale)
+
+    monkeypatch.setattr(calm_module, "_accumulate", accumulate)
+
+
 def _config_unchanged(out):
     assert (out / "config.json").read_bytes() == (out.parent / "config.before").read_bytes()
 
@@ -127,6 +141,10 @@ FAULTS = {
         ["[calm] training diverged: non-finite gradients at step 2", "--alpha-lr",
          "last good checkpoint: {out}/checkpoints/calm (step 1)"],
         inject=_nan_grads_from_second_call, after=_checkpoints_finite),
+    "calm inf α gradient, clamped": Fault(
+        [*TINY, "--methods", "calm", "--steps", "3", "--alpha-grad-clip", "1", "--out", "{out}"],
+        ["[calm] training diverged: non-finite gradients at step 2"],
+        inject=_inf_alpha_grad_from_second_step, after=_checkpoints_finite),
     # --resume continues in its own folder and never rewrites the run's record
     "resume with another --out": Fault(
         ["--resume", "{out}", "--out", "{other}"],

@@ -322,11 +322,13 @@ class Method:
 
     def note_gradients(self) -> None:
         """Record (as a device flag, no sync) whether every gradient the optimizers are about
-        to apply is finite: the runner reads it after the step (`runner.train.check_finite`),
-        since the step itself zeroes them."""
-        self.grads_finite = all_finite(p.grad for opt in self.optimizers.values()
-                                       for group in opt.param_groups for p in group["params"]
-                                       if p.grad is not None)
+        to apply is finite. Called before any clipping (a clamped inf looks finite) and before
+        each optimizer step of a step; the flags of one step accumulate (AND) until the runner
+        reads and resets them after the step (`runner.train.check_finite`), since the step
+        itself zeroes the gradients."""
+        self.grads_finite = self.grads_finite & all_finite(
+            p.grad for opt in self.optimizers.values() for group in opt.param_groups
+            for p in group["params"] if p.grad is not None)
 
     def apply_step(self) -> None:
         """Clip θ's gradient, step every optimizer and scheduler, zero the gradients."""

@@ -336,6 +336,7 @@ class CalmIterate(Calm):
             return {"objective": f, "upper_loss": f}
 
         upper = self.accumulate(alpha_micro_step)
+        self.note_gradients()
         self.optimizers["alpha"].step()
         self.optimizers["alpha"].zero_grad(set_to_none=True)
         outer = {n: a.detach() for n, a in self.alpha.params.items()}

@@ -37,6 +37,7 @@ def check_finite(method: Method, ctx: Context, step: int, last_good: str) -> Non
     trained = [*ctx.lm.inner().values(), *method.outer_params().values()]
     grads_ok, params_ok = torch.stack([method.grads_finite.to(ctx.lm.device),
                                        all_finite(trained).to(ctx.lm.device)]).tolist()
+    method.grads_finite = torch.ones((), dtype=torch.bool)  # the next step's flags start afresh
     if grads_ok and params_ok:
         return
     what = "gradients" if not grads_ok else "parameters (LoRA θ or α)"
