@@ -243,11 +243,14 @@ def test_a_run_that_failed_before_training_is_taken_over_by_its_rerun(tmp_path, 
 
     monkeypatch.setattr(model_lib, "load", unloadable)
     argv = [*TINY, "--methods", "sft", "--steps", "1", "--out", str(out)]
-    assert main(argv) == 1
+    assert main([*argv, "--n-test", "4"]) == 1
     assert (out / "config.json").is_file() and (out / prepare.NOT_STARTED).is_file()
     monkeypatch.setattr(model_lib, "load", real_load)
     assert main(argv) == 0  # not "already holds a run": nothing there was trained or evaluated
     assert "failed before training" in capsys.readouterr().err
+    # the failed run's record is replaced by the rerun's (other options, other splits)
+    assert json.loads((out / "config.json").read_text())["data"]["n_test"] == 8
+    assert json.loads((out / "splits.json").read_text())["requested"]["n_test"] == 8
     assert (out / "metrics.json").is_file() and not (out / prepare.NOT_STARTED).exists()
     assert main(argv) == 1  # a run that trained is never taken over
     assert f"--out {out} already holds a run" in capsys.readouterr().err

@@ -152,7 +152,7 @@ def record_run(cfg: Config, run_dir: Path, manifest: dict[str, Any]) -> None:
     if not cfg.resume:
         atomic_write_text(run_dir / NOT_STARTED, "")
         cfg.save(run_dir)
-    if not (run_dir / "splits.json").is_file():
+    if not cfg.resume or not (run_dir / "splits.json").is_file():  # a takeover rewrites it
         atomic_write_text(run_dir / "splits.json", json.dumps(manifest, indent=1))
 
 
