@@ -180,7 +180,10 @@ def check_kept_results(run_dir: Path, results: dict[str, dict[str, Any]],
     edited value (or a metrics.json from another run beside these predictions) would be carried
     on as a result. Each kept (row, dataset) is recomputed from predictions.safetensors with its
     own --n-bins and compared, point metrics only (the bootstrap intervals would cost n_boot
-    metric evaluations each). Cost: one `evaluate.dataset_metrics(n_boot=0)` per pair.
+    metric evaluations each). Option logits are float32 on every device (`predict`) and the
+    probabilities are saved as float32, so the recomputation repeats the original one; the
+    tolerance (relative 1e-9) only absorbs summation order. Cost: one
+    `evaluate.dataset_metrics(n_boot=0)` per pair.
     """
     metrics_path, preds_path = run_dir / "metrics.json", run_dir / "predictions.safetensors"
     for row, per_ds in results.items():
