@@ -11,7 +11,8 @@ Imports nothing: every layer of ``apps`` may raise these without an import circl
 
 from __future__ import annotations
 
-__all__ = ["CalmError", "ConfigError", "DataError", "NonFiniteLoss", "PluginError", "RunRefused"]
+__all__ = ["CalmError", "ConfigError", "DataError", "Diverged", "NonFiniteLoss", "PluginError",
+           "RunRefused"]
 
 
 class CalmError(Exception):
@@ -40,3 +41,9 @@ class RunRefused(CalmError, ValueError):
 
 class NonFiniteLoss(CalmError, RuntimeError):
     """Training produced a NaN/inf loss; the message names the step and the last good checkpoint."""
+
+
+class Diverged(NonFiniteLoss):
+    """An optimizer step left a NaN/inf in the trained tensors or their gradients (a too large
+    learning rate, usually); the message names the method, the step and the fix. Raised before
+    that state can be checkpointed, so the last checkpoint stays the last finite state."""

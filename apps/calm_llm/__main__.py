@@ -62,6 +62,13 @@ def main(argv: list[str] | None = None) -> int:
     except CalmError as e:  # anything else is a bug: its traceback is what finds it
         print(f"error: {e}", file=sys.stderr)
         return 1
+    except OSError as e:  # a full or read-only disk is the machine's state, not a bug
+        from .io import WRITE_FIXES, unwritable
+
+        if e.errno not in WRITE_FIXES:
+            raise
+        print(f"error: {unwritable(None, e)}", file=sys.stderr)
+        return 1
     return 0
 
 

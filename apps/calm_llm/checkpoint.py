@@ -4,8 +4,8 @@ A checkpoint (``<run>/checkpoints/<method>/``) holds ``state.safetensors`` — L
 (``lora.*``), α (``alpha.*``), the method's extra tensors (``extra.*``), optimizer state tensors
 (``opt.<name>.<param index>.<key>``) and torch RNG states (``rng.*``) — and ``state.json`` — step,
 config hash, data-stream positions, optimizer param groups and scalar state, scheduler states,
-Python/NumPy RNG states and the loss history — and the sha256 of ``state.safetensors``, checked
-on loading, so a corrupted checkpoint is refused by name instead of resuming into silently
+Python/NumPy RNG states and the loss history — the sha256 of ``state.safetensors`` and one of
+``state.json``'s own content, both checked on loading, so a corrupted checkpoint is refused by name instead of resuming into silently
 different metrics. Nothing is unpickled when loading, so a downloaded run directory cannot run
 code. Writes go to a temporary folder renamed into place, so a run killed while saving keeps its
 previous checkpoint.
@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..errors import RunRefused
+from ..errors import Diverged, RunRefused
 from .io import CorruptFile, atomic_save_tensors, atomic_write_text, read_json, read_tensors
 
 FORMAT = 1
@@ -103,6 +103,11 @@ def save(
     tensors: dict[str, torch.Tensor] = {f"lora.{n}": _tensor(t) for n, t in lora.items()}
     tensors.update({f"alpha.{n}": _tensor(t) for n, t in method.outer_params().items()})
     tensors.update({f"extra.{n}": _tensor(t) for n, t in method.tensors().items()})
+    bad = [n for n, t in tensors.items() if t.is_floating_point() and not bool(t.isfinite().all())]
+    if bad:  # the runner stops a diverged step first; this keeps any other caller honest
+        raise Diverged(f"{directory}: not checkpointing {method.name!r} at step {step}: "
+                       f"non-finite values in {', '.join(bad[:3])}{' ...' if len(bad) > 3 else ''}"
+                       "; the previous checkpoint is kept. Lower the learning rate")
     opt_meta = {}
     for name, opt in method.optimizers.items():
         t, m = _optimizer_state(name, opt)
@@ -127,6 +132,7 @@ def save(
     tmp.mkdir(parents=True)
     data = atomic_save_tensors(tmp / "state.safetensors", tensors)
     meta["sha256"] = hashlib.sha256(data).hexdigest()
+    meta["state_sha256"] = _state_checksum(json.loads(json.dumps(meta)))
     # atomic, so a complete-looking tmp folder never holds a truncated state.json
     atomic_write_text(tmp / "state.json", json.dumps(meta))
     if directory.exists():
@@ -139,6 +145,15 @@ def save(
     else:
         tmp.rename(directory)
     return directory
+
+
+def _state_checksum(meta: dict[str, Any]) -> str:
+    """sha256 of state.json's content (everything but this checksum; it includes the tensors'
+    sha256, so it covers both files): an edited step, stream position or history is refused
+    like a damaged tensor. Computed on the JSON-parsed dict with sorted keys, so it is the same
+    before writing and after reading back."""
+    rest = {k: v for k, v in meta.items() if k != "state_sha256"}
+    return hashlib.sha256(json.dumps(rest, sort_keys=True).encode("utf-8")).hexdigest()
 
 
 def _complete(d: Path) -> bool:
@@ -179,6 +194,9 @@ def load(directory: str | Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]
     meta = read_json(d / "state.json", fix)
     if meta.get("format") != FORMAT:
         raise RunRefused(f"{d}: checkpoint format {meta.get('format')} (this code reads {FORMAT})")
+    if "state_sha256" in meta and _state_checksum(meta) != meta["state_sha256"]:
+        raise CorruptFile(f"{d / 'state.json'}: its content does not match the checksum saved "
+                          f"with it (the file was edited or damaged after it was written). {fix}")
     path = d / "state.safetensors"
     data = path.read_bytes()
     if "sha256" in meta and hashlib.sha256(data).hexdigest() != meta["sha256"]:

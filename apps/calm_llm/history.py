@@ -82,7 +82,10 @@ def read_history(path: str | Path) -> list[dict[str, Any]]:
             try:
                 out.append(json.loads(line))
             except json.JSONDecodeError as e:
-                raise DataError(f"{path}: line {n} is not JSON ({e.msg})") from e
+                raise DataError(
+                    f"{path}: line {n} is not JSON ({e.msg}); the file is damaged. Restore it "
+                    "from a copy, or delete it (the same steps are kept in the method's final "
+                    "checkpoint, checkpoints/<method>/state.json, under 'history')") from e
     return out
 
 

@@ -9,6 +9,7 @@ writing leaves the previous file intact and at most a stray ``.*.tmp`` file, nev
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import tempfile
@@ -26,9 +27,42 @@ class CorruptFile(CalmError, ValueError):
     """A file of a run directory that cannot be read back; the message names it and the fix."""
 
 
+class Unwritable(CalmError, OSError):
+    """A file of the run that the disk refuses (full, read-only, no permission); the message
+    names it and what to do. An `OSError` too, so callers that caught the raw error still do."""
+
+
+# the write errors that are the machine's state, not a bug: {errno: what to do}
+WRITE_FIXES = {
+    errno.ENOSPC: "the disk is full: free space, then continue the run with --resume DIR "
+                  "(every file is replaced whole, so nothing written before is lost)",
+    errno.EDQUOT: "the disk quota is used up: free space, then continue the run with --resume DIR",
+    errno.EROFS: "it is on a read-only file system: give an --out (or --root) on a writable disk",
+    errno.EACCES: "no permission to write there: give an --out (or --root) you may write to",
+}
+
+
+def unwritable(path: str | Path | None, e: OSError) -> Unwritable:
+    """The one-line error for a write the disk refused (``e.errno`` in `WRITE_FIXES`)."""
+    where = path if path is not None else (e.filename or "a file of the run")
+    return Unwritable(f"cannot write {where} ({e.strerror or e}); {WRITE_FIXES[e.errno]}")
+
+
 def atomic_write_bytes(path: str | Path, data: bytes) -> Path:
-    """Write `data` to `path` through a temporary file renamed into place; returns `path`."""
-    path = Path(path)
+    """Write `data` to `path` through a temporary file renamed into place; returns `path`.
+
+    Raises:
+        Unwritable: the disk is full or read-only, or the folder not writable (`WRITE_FIXES`).
+    """
+    try:
+        return _atomic_write_bytes(Path(path), data)
+    except OSError as e:
+        if e.errno in WRITE_FIXES and not isinstance(e, CalmError):
+            raise unwritable(path, e) from e
+        raise
+
+
+def _atomic_write_bytes(path: Path, data: bytes) -> Path:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as fh:

@@ -22,6 +22,7 @@ from torch import nn
 from ..errors import CalmError, ConfigError
 from .config import ModelConfig
 from .distributed import Dist, shard_frozen_base
+from .io import CorruptFile
 
 DEFAULT_MODEL_NAMES = ("smollm2", "default")
 TINY_MODEL_NAME = "tiny"
@@ -163,7 +164,16 @@ def load_base(mc: ModelConfig, *, eager: bool = False, seed: int = 0,
         try:
             model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
             tok = AutoTokenizer.from_pretrained(path)
-        except OSError as e:  # no network, no such repo, a cut download: one line, with the fix
+        except Exception as e:
+            if mc.name_or_path in DEFAULT_MODEL_NAMES:  # our own converted copy, damaged
+                raise CorruptFile(
+                    f"{path}: the converted model cache is damaged ({type(e).__name__}: "
+                    f"{str(e).strip()[:200]}). Delete that folder and rerun (it is converted "
+                    "again from the GGUF, about 20 s; a run that stopped here continues with "
+                    "--resume DIR)") from e
+            if not isinstance(e, OSError):  # a bug, or a damaged user folder: its traceback
+                raise
+            # no network, no such repo, a cut download: one line, with the fix
             reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             raise ModelLoadError(
                 f"--model {mc.name_or_path}: cannot load it ({reason}); give a local model "

@@ -35,11 +35,11 @@ from .config import (
 )
 from .data import Collator, load_source, make_splits
 from .data.collate import warn_truncated
-from .io import read_json, read_tensors
+from .io import CorruptFile, read_json, read_tensors
 from .logs import log
 from .methods.base import Context, Method
 from .predict import predict_option_logits, probabilities
-from .runner.prepare import RESULTS_FIX, base_method, claim_run_dir
+from .runner.prepare import RESULTS_FIX, base_method, check_kept_results, claim_run_dir
 from .runner.train import EvalSet, train_method
 
 
@@ -74,10 +74,14 @@ def _load_predictions(path: Path) -> dict[str, dict[str, tuple[torch.Tensor, tor
     if not path.is_file():
         return out
     t = read_tensors(path, RESULTS_FIX)
-    for key in t:
-        method, ds, kind = key.split("/")
-        if kind == "probs":
-            out.setdefault(method, {})[ds] = (t[key], t[f"{method}/{ds}/labels"])
+    try:
+        for key in t:
+            method, ds, kind = key.split("/")
+            if kind == "probs":
+                out.setdefault(method, {})[ds] = (t[key], t[f"{method}/{ds}/labels"])
+    except (ValueError, KeyError) as e:  # readable, but not what write_results writes
+        raise CorruptFile(f"{path}: not a predictions file of this project (entry {e}). "
+                          f"{RESULTS_FIX}") from e
     return out
 
 
@@ -245,6 +249,7 @@ def restore_evaluated(state: Run) -> None:
         if base_method(m) in cfg.methods and m in saved_preds:
             state.results[m], state.predictions[m] = saved[m], saved_preds[m]
             log(f"[{m}] already evaluated in {state.run_dir}; kept", state.dist)
+    check_kept_results(state.run_dir, state.results, state.predictions)
     if reevaluate(state.results, state.predictions, n_bins=cfg.n_bins, n_boot=cfg.n_boot) \
             and state.dist.main:
         log(f"re-evaluated the kept methods with --n-bins {cfg.n_bins} --n-boot {cfg.n_boot}",

@@ -36,6 +36,11 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     study = STUDIES[a.name]
     root = Path(a.root or f"runs/study-{study.name}")
+    if root.exists() and not root.is_dir():
+        ap.error(f"--root {root}: a file is there, not a folder of cells; give a folder "
+                 f"(default runs/study-{study.name})")
+    if not 2 <= a.n_boot <= 1_000_000:  # an interval needs two resamples; more is only slower
+        ap.error(f"--n-boot: between 2 and 1,000,000 resamples, got {a.n_boot:,}")
     reads_only = a.summarize or a.publish or a.figures
     if reads_only and not root.is_dir():
         print(f"python -m apps.study: no study at {root} (not a folder); run `python -m apps.study "

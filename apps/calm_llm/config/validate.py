@@ -86,13 +86,43 @@ def _check_run(cfg: Config) -> None:
     _check(cfg.split_seed >= -1, f"--split-seed: must be >= 0, or -1 to follow --seed, got "
            f"{cfg.split_seed}")
     _check(cfg.n_bins >= 1, f"--n-bins: must be at least 1, got {cfg.n_bins}")
+    _check(cfg.n_bins <= MAX_BINS, f"--n-bins: at most {MAX_BINS:,}, got {cfg.n_bins:,} (each "
+           "ECE holds n_bins·K float64 sums per evaluation set)")
     # one resample has no spread: the interval's quantiles need at least two
     _check(cfg.n_boot != 1, "--n-boot: must be 0 (no intervals) or at least 2, got 1")
+    _check(cfg.n_boot <= MAX_BOOT, f"--n-boot: at most {MAX_BOOT:,} resamples, got "
+           f"{cfg.n_boot:,} (each is one metric evaluation per metric and evaluation set)")
     _check(DEVICE.fullmatch(cfg.device) is not None,
            f"--device: {cfg.device!r} is not one of auto, cpu, mps, cuda, cuda:N")
+    _check_device_present(cfg.device)
     if cfg.report_to == "tensorboard":
         _check(importlib.util.find_spec("tensorboard") is not None,
                "--report-to tensorboard: needs the tensorboard package (pip install tensorboard)")
+
+
+# sizes beyond any use that would only fail later in the allocator (or run for days): 10⁵ bins
+# are finer than any confidence a test set of this size resolves; 10⁶ resamples put a 95%
+# interval's ends within ±0.1% of the exact bootstrap quantiles
+MAX_BINS = 100_000
+MAX_BOOT = 1_000_000
+
+
+def _check_device_present(device: str) -> None:
+    """``--device cuda``/``mps`` on a machine without one: named now, not torch's assertion at
+    model load (torch is imported only when such a device is asked for)."""
+    if not device.startswith(("cuda", "mps")):
+        return
+    import torch
+
+    if device.startswith("cuda"):
+        n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        index = int(device.split(":")[1]) if ":" in device else 0
+        _check(index < n, f"--device {device}: this machine has "
+               f"{'no CUDA device' if n == 0 else f'{n} CUDA device(s) (0..{n - 1})'}"
+               " (or torch was built without CUDA); use --device cpu or auto")
+    else:
+        _check(torch.backends.mps.is_available(),
+               f"--device {device}: MPS is not available here; use --device cpu or auto")
 
 
 def _check_model(m: ModelConfig) -> None:
@@ -102,6 +132,9 @@ def _check_model(m: ModelConfig) -> None:
     _check(m.lora_dropout < 1, "--lora-dropout: must be < 1")
     _check(len(m.lora_target_modules) > 0, "--lora-target-modules: give at least one module")
     _check(m.tiny_hidden >= 8 and m.tiny_layers >= 1, "--tiny-hidden/--tiny-layers too small")
+    # the tiny model has 4 attention heads of even size (rotary embeddings pair the dimensions)
+    _check(m.tiny_hidden % 8 == 0,
+           f"--tiny-hidden: must be a multiple of 8 (4 heads of even size), got {m.tiny_hidden}")
     if m.quantization != "none":
         _check(
             importlib.util.find_spec("bitsandbytes") is not None,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -175,6 +175,17 @@ def gold_only(batch: Batch) -> Batch:
                    logit_rows=batch.logit_positions)
 
 
+def all_finite(tensors: Iterable[torch.Tensor]) -> torch.Tensor:
+    """A 0-dim bool tensor: whether every entry of every tensor is finite. One small reduction
+    per tensor and no host sync (the caller reads the flag once per step, with the others);
+    True for no tensors."""
+    flags = [torch.isfinite(t.detach()).all() for t in tensors]
+    if not flags:
+        return torch.ones((), dtype=torch.bool)
+    device = flags[0].device  # α may sit on another device than the LoRA tensors
+    return torch.stack([f.to(device) for f in flags]).all()
+
+
 def lr_lambda(cfg: Config) -> Callable[[int], float]:
     """Linear warmup for ``warmup_ratio · steps`` steps, then cosine / linear decay / constant."""
     steps = cfg.train.steps
@@ -234,6 +245,8 @@ class Method:
         self.schedulers: dict[str, torch.optim.lr_scheduler.LambdaLR] = {}
         self.streams: dict[str, Stream] = {}
         self.extras: dict[str, Any] = {}
+        # whether the gradients of the last optimizer step were finite (`note_gradients`)
+        self.grads_finite: torch.Tensor = torch.ones((), dtype=torch.bool)
 
     # -- training ---------------------------------------------------------------------------
     def step(self, k: int) -> dict[str, float]:
@@ -307,8 +320,19 @@ class Method:
         self.schedulers["alpha"] = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(self.ctx.cfg))
         return opt
 
+    def note_gradients(self) -> None:
+        """Record (as a device flag, no sync) whether every gradient the optimizers are about
+        to apply is finite. Called before any clipping (a clamped inf looks finite) and before
+        each optimizer step of a step; the flags of one step accumulate (AND) until the runner
+        reads and resets them after the step (`runner.train.check_finite`), since the step
+        itself zeroes the gradients."""
+        self.grads_finite = self.grads_finite & all_finite(
+            p.grad for opt in self.optimizers.values() for group in opt.param_groups
+            for p in group["params"] if p.grad is not None)
+
     def apply_step(self) -> None:
         """Clip θ's gradient, step every optimizer and scheduler, zero the gradients."""
+        self.note_gradients()
         clip = self.ctx.cfg.train.max_grad_norm
         if clip > 0 and "theta" in self.optimizers:
             torch.nn.utils.clip_grad_norm_(list(self.ctx.lm.inner().values()), clip)

@@ -267,6 +267,7 @@ class Calm(Method):
             return self.alpha.apply(params, option_logits)
 
     def apply_step(self) -> None:
+        self.note_gradients()  # before the clamp (a clamped inf would look finite)
         clip = self.ctx.cfg.calm.alpha_grad_clip
         if clip > 0:  # per entry: no single vocabulary entry can take a step larger than lr·c
             for a in self.alpha.params.values():
@@ -335,6 +336,7 @@ class CalmIterate(Calm):
             return {"objective": f, "upper_loss": f}
 
         upper = self.accumulate(alpha_micro_step)
+        self.note_gradients()
         self.optimizers["alpha"].step()
         self.optimizers["alpha"].zero_grad(set_to_none=True)
         outer = {n: a.detach() for n, a in self.alpha.params.items()}

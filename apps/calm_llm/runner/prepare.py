@@ -1,6 +1,7 @@
 """Stage 1 of a run, shared by both tasks: claim the run directory and check a resume.
 
-A new run never writes over another's results (`make_run_dir`); a resume is refused when its
+A new run never writes over another's results (`make_run_dir`), but takes over a folder whose
+run failed before training (`NOT_STARTED`); a resume is refused when its
 options (`check_resume_config`) or its data's splits (`check_resume_splits`) differ from the
 run's record in a way that changes results. `claim_run_dir` does all of it, then records
 ``config.json`` and ``splits.json``.
@@ -9,13 +10,14 @@ run's record in a way that changes results. `claim_run_dir` does all of it, then
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 from pathlib import Path
 from typing import Any
 
 from ...errors import RunRefused
-from .. import distributed
+from .. import distributed, evaluate
 from ..config import Config, differences
 from ..data.splits import manifest_changes
 from ..io import atomic_write_text, read_json
@@ -24,6 +26,12 @@ from ..logs import log
 # what a run directory holds once a run has started in it (a new run never writes over these)
 RUN_FILES = ("config.json", "splits.json", "metrics.json", "predictions.safetensors",
              "checkpoints", "export")
+# written with config.json by a new run and removed when its first method starts training (a
+# method that does not train writes metrics.json first): a folder that holds it and no results
+# is a run that failed before training (model load, say), which a rerun into it takes over
+NOT_STARTED = ".not-started"
+# what such a run leaves, all of it rewritten by the run that takes the folder over
+BEFORE_TRAINING = {"config.json", "splits.json"}
 
 
 def make_run_dir(cfg: Config, dist: distributed.Dist | None = None) -> Path:
@@ -35,6 +43,10 @@ def make_run_dir(cfg: Config, dist: distributed.Dist | None = None) -> Path:
     if cfg.out:
         out = Path(cfg.out)
         held = [f for f in RUN_FILES if (out / f).exists()]
+        if held and set(held) <= BEFORE_TRAINING and (out / NOT_STARTED).is_file():
+            log(f"--out {out}: the run there failed before training (nothing trained or "
+                "evaluated); this run takes the folder over", dist)
+            return out
         if held:
             raise RunRefused(
                 f"--out {out} already holds a run ({', '.join(held)}); a new run does not write "
@@ -71,6 +83,12 @@ def check_resume_config(cfg: Config, run_dir: Path) -> None:
         saved = from_dict(read_json(run_dir / "config.json", fix))
     except ConfigError as e:
         raise RunRefused(f"{run_dir / 'config.json'}: {e}") from e
+    if cfg.out and cfg.out != saved.out and Path(cfg.out).resolve() != run_dir.resolve():
+        raise RunRefused(
+            f"--resume {run_dir} --out {cfg.out}: a resumed run continues in its own folder "
+            f"({run_dir}) and its config.json is never rewritten; drop --out, or start a new run "
+            f"with --out {cfg.out} alone"
+        )
     diff = differences(saved, cfg)
     if diff:
         raise RunRefused(
@@ -119,11 +137,29 @@ def claim_run_dir(cfg: Config, dist: distributed.Dist, load: Any) -> tuple[Path,
     if cfg.resume:
         check_resume_splits(cfg, run_dir, manifest, dist)
     if dist.main:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        cfg.save(run_dir)
-        atomic_write_text(run_dir / "splits.json", json.dumps(manifest, indent=1))
+        record_run(cfg, run_dir, manifest)
     log(f"run directory: {run_dir}", dist)
     return run_dir, splits
+
+
+def record_run(cfg: Config, run_dir: Path, manifest: dict[str, Any]) -> None:
+    """Write config.json and splits.json of a new run, marked `NOT_STARTED` until
+    `mark_started`. A resume never rewrites config.json (it is the run's record: ``--out``, a
+    changed --n-bins or --n-boot would otherwise replace what the run was started with), and
+    rewrites splits.json only when it is missing (killed before it) or was moved aside by
+    --force-resume."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    if not cfg.resume:
+        atomic_write_text(run_dir / NOT_STARTED, "")
+        cfg.save(run_dir)
+    if not cfg.resume or not (run_dir / "splits.json").is_file():  # a takeover rewrites it
+        atomic_write_text(run_dir / "splits.json", json.dumps(manifest, indent=1))
+
+
+def mark_started(run_dir: Path, dist: distributed.Dist) -> None:
+    """Training has started: from now on the folder is a run (a rerun needs --resume)."""
+    if dist.main:
+        (run_dir / NOT_STARTED).unlink(missing_ok=True)
 
 
 def base_method(row: str) -> str:
@@ -134,3 +170,37 @@ def base_method(row: str) -> str:
 # a results file cut short (full disk, kill) is recomputed from the checkpoints, not guessed at
 RESULTS_FIX = ("Delete metrics.json and predictions.safetensors in that folder and resume again: "
                "every method is evaluated again (from its final checkpoint where it has one)")
+
+
+def check_kept_results(run_dir: Path, results: dict[str, dict[str, Any]],
+                       predictions: dict[str, dict[str, tuple[Any, Any]]]) -> None:
+    """Refuse kept rows whose metrics.json values are not what their saved predictions give.
+
+    A resume keeps the rows already evaluated and writes them into the new metrics.json, so an
+    edited value (or a metrics.json from another run beside these predictions) would be carried
+    on as a result. Each kept (row, dataset) is recomputed from predictions.safetensors with its
+    own --n-bins and compared, point metrics only (the bootstrap intervals would cost n_boot
+    metric evaluations each). Option logits are float32 on every device (`predict`) and the
+    probabilities are saved as float32, so the recomputation repeats the original one; the
+    tolerance (relative 1e-9) only absorbs summation order. Cost: one
+    `evaluate.dataset_metrics(n_boot=0)` per pair.
+    """
+    metrics_path, preds_path = run_dir / "metrics.json", run_dir / "predictions.safetensors"
+    for row, per_ds in results.items():
+        for ds, saved in per_ds.items():
+            if ds not in predictions[row]:
+                raise RunRefused(f"{metrics_path}: row {row!r} has {ds} but {preds_path} holds "
+                                 f"no predictions for it. {RESULTS_FIX}")
+            probs, y = predictions[row][ds]
+            now = evaluate.dataset_metrics(probs, y, domain=saved["domain"],
+                                           n_bins=saved.get("n_bins", 10), n_boot=0)
+            for key, value in now.items():
+                old = saved.get(key)
+                if not isinstance(value, int | float) or not isinstance(old, int | float):
+                    continue
+                if not (math.isclose(old, value, rel_tol=1e-9, abs_tol=1e-12)
+                        or (math.isnan(old) and math.isnan(value))):
+                    raise RunRefused(
+                        f"{metrics_path}: {row} on {ds}: {key} is {old!r} there, but the saved "
+                        f"predictions ({preds_path}) give {value!r}; the file was edited, or "
+                        f"the two files come from different runs. {RESULTS_FIX}")

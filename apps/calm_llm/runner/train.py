@@ -11,11 +11,12 @@ from pathlib import Path
 
 import torch
 
-from ...errors import NonFiniteLoss
+from ...errors import Diverged, NonFiniteLoss
 from .. import checkpoint
 from ..history import HistoryWriter, plot_training
 from ..logs import log
-from ..methods.base import Context, Method
+from ..methods.base import Context, Method, all_finite
+from .prepare import mark_started
 
 
 @dataclass
@@ -34,6 +35,31 @@ def peak_memory_gib(device: torch.device) -> float | None:
     return torch.cuda.max_memory_allocated(device) / 2**30
 
 
+def check_finite(method: Method, ctx: Context, step: int, last_good: str) -> None:
+    """Raise `Diverged` when optimizer step ``step`` applied a non-finite gradient or left a
+    non-finite trained tensor (LoRA θ, α), before that state can be checkpointed.
+
+    A loss can stay finite while the weights are not (a too large --lr first makes LoRA's B
+    huge, then inf/NaN, and the loss sits at ln V), so the loss check alone lets a diverged
+    state through. Cost: one isfinite reduction per trained tensor and one host sync per step.
+    """
+    trained = [*ctx.lm.inner().values(), *method.outer_params().values()]
+    grads_ok, params_ok = torch.stack([method.grads_finite.to(ctx.lm.device),
+                                       all_finite(trained).to(ctx.lm.device)]).tolist()
+    method.grads_finite = torch.ones((), dtype=torch.bool)  # the next step's flags start afresh
+    if grads_ok and params_ok:
+        return
+    what = "gradients" if not grads_ok else "parameters (LoRA θ or α)"
+    t, c = ctx.cfg.train, ctx.cfg.calm
+    lrs = f"--lr {t.lr:g}" + (f", --alpha-lr {c.alpha_lr:g}" if method.outer_params() else "")
+    clip = " or clip θ's gradient with --max-grad-norm" if t.max_grad_norm == 0 else ""
+    raise Diverged(
+        f"[{method.name}] training diverged: non-finite {what} at step {step} ({lrs}); "
+        f"nothing of this step was checkpointed, last good checkpoint: {last_good}. Lower the "
+        f"learning rate{clip} and start a new run with --out"
+    )
+
+
 def train_method(
     method: Method, ctx: Context, *, run_dir: Path, config_hash: str, resume: bool
 ) -> list[dict[str, float]]:
@@ -43,6 +69,7 @@ def train_method(
     cfg = ctx.cfg
     ckpt_dir = run_dir / "checkpoints" / method.name
     start, history = 0, []
+    mark_started(run_dir, ctx.dist)
     if resume and checkpoint.exists(ckpt_dir):
         start, history = checkpoint.restore(ckpt_dir, method=method, lm=ctx.lm,
                                             config_hash=config_hash)
@@ -72,6 +99,7 @@ def train_method(
                     f"[{method.name}] non-finite loss ({loss}) at step {k + 1}; "
                     f"last good checkpoint: {last_good}"
                 )
+            check_finite(method, ctx, k + 1, last_good)
             # cost of the step on record (what studies and GPU estimates are sized from); the
             # loss read above has synchronised the device
             cost = {"step_seconds": time.perf_counter() - t0}
