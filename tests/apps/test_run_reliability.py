@@ -25,6 +25,7 @@ from apps.calm_llm.io import CorruptFile
 from apps.calm_llm.methods import calm as calm_module
 from apps.calm_llm.runner import prepare
 from apps.errors import DataError, Diverged
+from apps.study import __main__ as study_cli
 
 TINY = ["--config", "tiny", "--n-boot", "0", "--checkpoint-every", "1"]
 
@@ -272,7 +273,7 @@ def test_study_fault_is_one_line(name, tmp_path, capsys):
     if root_is_file:
         root.write_text("not a folder")
     with pytest.raises(SystemExit) as e:
-        study.main(["laptop", "--root", str(root), *argv])
+        study_cli.main(["laptop", "--root", str(root), *argv])
     err = capsys.readouterr().err
     assert e.value.code == 2 and "Traceback" not in err
     assert needle.replace("{root}", str(root)) in err, err
