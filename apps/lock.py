@@ -32,10 +32,12 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from .errors import CalmError
+
 LOCK_NAME = ".lock"
 
 
-class LockedError(ValueError):
+class LockedError(CalmError, ValueError):
     """A directory already locked by another live process (or another ``locked`` in this one);
     the message names the folder, the holder's pid, host and start time, and what to do."""
 

@@ -39,7 +39,7 @@ from .io import CorruptFile, read_json, read_tensors
 from .logs import log
 from .methods.base import Context, Method
 from .predict import predict_option_logits, probabilities
-from .runner.prepare import RESULTS_FIX, base_method, check_kept_results, claim_run_dir
+from .runner.prepare import RESULTS_FIX, base_method, check_kept_results, claim_run_dir, run_lock
 from .runner.train import EvalSet, train_method
 
 
@@ -199,6 +199,11 @@ class Evaluation:
 
 def run(cfg: Config) -> dict[str, Any]:
     """The whole run; returns ``{"results": ..., "run_dir": ..., "table": ...}``. Writes as it goes."""
+    with run_lock(cfg):  # one process writes into the run directory at a time
+        return _run(cfg)
+
+
+def _run(cfg: Config) -> dict[str, Any]:
     # an unloadable --model fails now, before a run folder or the data (or a minute of hub retries)
     model_lib.check_model_available(cfg.model)
     state, splits = prepare_run_dir(cfg, distributed.init(fsdp=cfg.fsdp))

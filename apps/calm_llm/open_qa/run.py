@@ -39,7 +39,7 @@ from ..data.schema import InstructionExample
 from ..io import read_json
 from ..logs import log
 from ..methods.base import Context, Method
-from ..runner.prepare import RESULTS_FIX, base_method, claim_run_dir
+from ..runner.prepare import RESULTS_FIX, base_method, claim_run_dir, run_lock
 from ..runner.train import EvalSet, train_method
 from . import score
 from .judge import LLMJudge, judge_answers
@@ -122,6 +122,11 @@ class OpenQAEval:
 
 def run(cfg: Config) -> dict[str, Any]:
     """The whole open-QA run; returns ``{"results", "run_dir", "table"}``. Writes as it goes."""
+    with run_lock(cfg):  # one process writes into the run directory at a time
+        return _run(cfg)
+
+
+def _run(cfg: Config) -> dict[str, Any]:
     model_lib.check_model_available(cfg.model)
     dist = distributed.init(fsdp=cfg.fsdp)
     if dist.world > 1:

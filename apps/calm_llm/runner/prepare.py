@@ -9,14 +9,17 @@ run's record in a way that changes results. `claim_run_dir` does all of it, then
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from ...errors import RunRefused
+from ...lock import locked
 from .. import distributed, evaluate
 from ..config import Config, differences
 from ..data.splits import manifest_changes
@@ -32,6 +35,27 @@ RUN_FILES = ("config.json", "splits.json", "metrics.json", "predictions.safetens
 NOT_STARTED = ".not-started"
 # what such a run leaves, all of it rewritten by the run that takes the folder over
 BEFORE_TRAINING = {"config.json", "splits.json"}
+
+
+@contextlib.contextmanager
+def run_lock(cfg: Config) -> Iterator[None]:
+    """Hold the exclusive lock of the run directory that ``--out`` or ``--resume`` names for
+    the whole run (`apps.lock`): a second run or resume into it is refused at once, naming the
+    holder's pid and start time, instead of mixing its files with this one's; a lock left by a
+    killed run is taken over. Taken before the folder is inspected, so a rerun cannot take over
+    a folder whose run is still loading its model. Rank 0 holds it for every rank
+    (``RANK``: the other ranks of one run write under rank 0's claim); a fresh
+    ``runs/<timestamp>`` needs none (its exclusive mkdir is the claim), and a ``--resume`` of
+    a folder that does not exist is refused by `claim_run_dir`, not created here."""
+    folder = cfg.resume or cfg.out
+    if not folder or os.environ.get("RANK", "0") != "0" or (cfg.resume and not Path(folder).is_dir()):
+        yield
+        return
+    with locked(folder, what="run directory") as held:
+        if held.stale:
+            log(f"{folder}: took over the lock of a run that was killed (pid "
+                f"{held.stale.get('pid')})")
+        yield
 
 
 def make_run_dir(cfg: Config, dist: distributed.Dist | None = None) -> Path:
