@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import copy
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -57,22 +58,49 @@ def export_method(out_dir: str | Path, lm: Any, method: Any, *, run_dir: str | P
 
     ``run_dir`` (the run's folder, results already written) gives the model card its tables
     and diagrams; ``command`` is the command line the card records (default: this process's).
+    Written into ``.<name>.partial`` beside ``out_dir`` and renamed into place when complete,
+    so a folder at ``out_dir`` is a whole export: a run killed (or out of disk) while exporting
+    leaves only the partial folder, which the next export of that row replaces.
     """
     cfg = method.ctx.cfg
     record = calibration_record(method)
     if record is None:
         return None
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    lm.model.save_pretrained(out)
-    base = json.loads(write_base_record(out, lm, cfg).read_text())
-    _portable_adapter_config(out, base["name_or_path"])
+    tmp = out.parent / f".{out.name}.partial"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    lm.model.save_pretrained(tmp)
+    base = json.loads(write_base_record(tmp, lm, cfg).read_text())
+    _portable_adapter_config(tmp, base["name_or_path"])
     if record.get("alpha_trained"):  # written even when unused at inference (alpha.json says)
-        _write_alpha(out, method)
-    atomic_write_text(out / "calibration.json", json.dumps(record, indent=2) + "\n")
-    atomic_write_text(out / "config.json", json.dumps(portable(cfg.to_dict()), indent=2) + "\n")
-    write_card(out, run_dir=run_dir, command=command)
+        _write_alpha(tmp, method)
+    atomic_write_text(tmp / "calibration.json", json.dumps(record, indent=2) + "\n")
+    atomic_write_text(tmp / "config.json", json.dumps(portable(cfg.to_dict()), indent=2) + "\n")
+    write_card(tmp, run_dir=run_dir, command=command)
+    if out.exists():  # an earlier, incomplete export of this row (see `is_complete`)
+        shutil.rmtree(out)
+    tmp.rename(out)
     return out
+
+
+# what every export holds (alpha.safetensors too where calibration.json says α was trained)
+EXPORT_FILES = ("adapter_config.json", "adapter_model.safetensors", "base.json",
+                "calibration.json", "config.json", "README.md")
+
+
+def is_complete(export_dir: str | Path) -> bool:
+    """Whether ``export_dir`` holds a whole export: every file of `EXPORT_FILES`, α's tensors
+    where its calibration.json records a trained α, and a readable calibration.json. An export
+    written before exports were renamed into place, and cut short, reads as incomplete."""
+    out = Path(export_dir)
+    if not all((out / f).is_file() for f in EXPORT_FILES):
+        return False
+    try:
+        record = json.loads((out / "calibration.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return not record.get("alpha_trained") or (out / "alpha.safetensors").is_file()
 
 
 def _write_alpha(out: Path, method: Any) -> None:

@@ -20,7 +20,7 @@ import torch
 
 from calibration import metrics as calibration_metrics
 
-from . import distributed, evaluate, export
+from . import checkpoint, distributed, evaluate, export
 from . import methods as method_registry
 from . import model as model_lib
 from .config import (
@@ -208,6 +208,7 @@ def _run(cfg: Config) -> dict[str, Any]:
     model_lib.check_model_available(cfg.model)
     state, splits = prepare_run_dir(cfg, distributed.init(fsdp=cfg.fsdp))
     restore_evaluated(state)  # before the minutes a model takes to load
+    kept = set(state.results)
     ev = build_context(state, splits)
     if not state.results and cfg.zero_shot:
         zero_shot(state, ev)
@@ -218,6 +219,8 @@ def _run(cfg: Config) -> dict[str, Any]:
             run_selection(state, ev, info, index, grid)
         elif name not in state.results:
             run_method(state, ev, info, name, ev.ctx, index, select=False)
+        if name in kept and not (grid and selects(info, grid)):
+            reexport_kept(state, ev, info, index)
     ev.ctx.lm.load_inner(ev.init_lora)
     table = evaluate.render_table(state.results)
     if state.dist.main:
@@ -345,6 +348,33 @@ def run_method(state: Run, ev: Evaluation, info: method_registry.MethodInfo, row
     accs = ", ".join(f"{ds} acc {r['accuracy']:.3f} ece {r['conf_ece']:.3f}"
                      for ds, r in state.results[row].items())
     log(f"[{row}] done in {time.time() - t0:.0f}s: {accs}", state.dist)
+    state.dist.barrier()
+
+
+def reexport_kept(state: Run, ev: Evaluation, info: method_registry.MethodInfo, index: int) -> None:
+    """On resume, a kept row whose export is missing or incomplete (the run was cut between
+    the row's results and the end of its export: killed, out of disk) is exported again from
+    the row's final checkpoint, refitted as `run_method` fits it; a trained row without a
+    checkpoint is named with why it cannot be. (``--select`` variants are not redone.)"""
+    name, ctx = info.name, ev.ctx
+    out = state.run_dir / "export" / name
+    if export.is_complete(out) or name == "none":  # `none` is the base itself: no export
+        return
+    ckpt = state.run_dir / "checkpoints" / name
+    if info.trains and not checkpoint.exists(ckpt):
+        log(f"[{name}] its export ({out}) is missing or incomplete and cannot be redone: no "
+            f"checkpoint of its final state in {ckpt} (the run had --checkpoint-every 0); "
+            "train it again in a new run to export it", state.dist)
+        return
+    ctx.lm.load_inner(ev.init_lora)
+    torch.manual_seed(state.cfg.seed + 1000 * (index + 1))  # as `run_method` seeds the row
+    method = info.load()(ctx, name=name)
+    if info.trains:  # restores the final step: no step is taken
+        train_method(method, ctx, run_dir=state.run_dir, config_hash=state.config_hash,
+                     resume=True)
+    method.after_training(method.predict)
+    if state.dist.main and export.export_method(out, ctx.lm, method, run_dir=state.run_dir):
+        log(f"[{name}] export redone from its final state: {out}", state.dist)
     state.dist.barrier()
 
 
