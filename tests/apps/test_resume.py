@@ -41,7 +41,7 @@ def test_killed_and_resumed_run_matches_uninterrupted(tmp_path, monkeypatch, cap
     err = capsys.readouterr().err
     assert "[sft] already evaluated" in err and "resumed from" in err and "at step 2" in err
     # the trained state itself (far more sensitive than rounded metrics) is the same
-    for f in ("adapter/adapter_model.safetensors", "alpha.safetensors"):
+    for f in ("adapter_model.safetensors", "alpha.safetensors"):
         ta = load_file(str(tmp_path / "a" / "export" / "calm" / f))
         tb = load_file(str(tmp_path / "b" / "export" / "calm" / f))
         assert ta.keys() == tb.keys()

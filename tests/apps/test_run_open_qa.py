@@ -110,3 +110,16 @@ def test_an_llm_judge_decides_what_alias_matching_does_not(full_run, tmp_path):
         assert [r.samples for r in got[ds]] == [r.samples for r in ref[ds]]
         items = [(r.question, r.modal_answer, r.answers) for r in got[ds]]
         assert [r.modal_correct for r in got[ds]] == judge_answers(items, "judge", judge)
+
+
+def test_a_kept_row_edited_in_metrics_json_is_refused_on_resume(tmp_path, capsys):
+    args = [*BASE, "--methods", "ts", "--out", str(tmp_path)]
+    assert main(args) == 0
+    m = _metrics(tmp_path)
+    ds = next(iter(m["results"]["ts"]))
+    m["results"]["ts"][ds]["confidences"]["semantic"]["semantic_ece"] += 0.01
+    (tmp_path / "metrics.json").write_text(json.dumps(m))
+    assert main(["--resume", str(tmp_path)]) != 0
+    err = capsys.readouterr().err
+    assert f"ts on {ds}: confidences semantic semantic_ece is" in err
+    assert "the saved answers give" in err and "Traceback" not in err

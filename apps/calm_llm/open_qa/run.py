@@ -28,7 +28,7 @@ import torch.nn.functional as F
 
 from calibration import semantic
 
-from ...errors import ConfigError
+from ...errors import ConfigError, RunRefused
 from .. import distributed, export, sampling, scoring
 from .. import methods as method_registry
 from .. import model as model_lib
@@ -39,7 +39,7 @@ from ..data.schema import InstructionExample
 from ..io import read_json
 from ..logs import log
 from ..methods.base import Context, Method
-from ..runner.prepare import RESULTS_FIX, base_method, claim_run_dir, run_lock
+from ..runner.prepare import RESULTS_FIX, base_method, claim_run_dir, refuse_changed, run_lock
 from ..runner.train import EvalSet, train_method
 from . import score
 from .judge import LLMJudge, judge_answers
@@ -174,6 +174,14 @@ def restore(state: OpenQARun) -> None:
         state.records[row] = records[row]
         state.results[row] = {}
         for ds, r in per_ds.items():
+            if ds not in records[row]:
+                raise RunRefused(f"{path}: row {row!r} has {ds} but the run's saved answers hold "
+                                 f"none for it. {RESULTS_FIX}")
+            # an edited value (or another run's metrics.json) is refused, not carried on
+            refuse_changed(r, score.dataset_metrics(
+                records[row][ds], domain=r["domain"], n_bins=r.get("n_bins", cfg.n_bins),
+                n_boot=0, n_splits=cfg.open_qa.split_half_splits),
+                f"{path}: {row} on {ds}:", "the saved answers")
             if r.get("n_bins") != cfg.n_bins or r.get("n_boot") != cfg.n_boot:
                 r = {**r, **score.dataset_metrics(records[row][ds], domain=r["domain"],
                                                   n_bins=cfg.n_bins, n_boot=cfg.n_boot,

@@ -218,13 +218,26 @@ def check_kept_results(run_dir: Path, results: dict[str, dict[str, Any]],
             probs, y = predictions[row][ds]
             now = evaluate.dataset_metrics(probs, y, domain=saved["domain"],
                                            n_bins=saved.get("n_bins", 10), n_boot=0)
-            for key, value in now.items():
-                old = saved.get(key)
-                if not isinstance(value, int | float) or not isinstance(old, int | float):
-                    continue
-                if not (math.isclose(old, value, rel_tol=1e-9, abs_tol=1e-12)
-                        or (math.isnan(old) and math.isnan(value))):
-                    raise RunRefused(
-                        f"{metrics_path}: {row} on {ds}: {key} is {old!r} there, but the saved "
-                        f"predictions ({preds_path}) give {value!r}; the file was edited, or "
-                        f"the two files come from different runs. {RESULTS_FIX}")
+            refuse_changed(saved, now, f"{metrics_path}: {row} on {ds}:",
+                           f"the saved predictions ({preds_path})")
+
+
+def refuse_changed(saved: dict[str, Any], now: dict[str, Any], where: str, source: str) -> None:
+    """Raise `RunRefused` naming the first number of ``now`` (recomputed from ``source``) that
+    its kept value in ``saved`` does not equal; nested dicts (open QA's confidence kinds) are
+    compared too, the bootstrap's own settings are not. Relative tolerance 1e-9: the
+    recomputation repeats the original one, up to summation order."""
+    for key, value in now.items():
+        old = saved.get(key)
+        if key == "n_boot":  # recomputed without the bootstrap
+            continue
+        if isinstance(value, dict) and isinstance(old, dict):
+            refuse_changed(old, value, f"{where} {key}", source)
+            continue
+        if not isinstance(value, int | float) or not isinstance(old, int | float):
+            continue
+        if not (math.isclose(old, value, rel_tol=1e-9, abs_tol=1e-12)
+                or (math.isnan(old) and math.isnan(value))):
+            raise RunRefused(
+                f"{where} {key} is {old!r} there, but {source} give {value!r}; the file was "
+                f"edited, or the two files come from different runs. {RESULTS_FIX}")
