@@ -11,25 +11,10 @@ import pytest
 
 from apps.lock import LOCK_NAME, LockedError, locked
 
-HOLD = textwrap.dedent("""
-    import sys, time
-    from apps.lock import locked
-    with locked(sys.argv[1], what="run directory"):
-        print("held", flush=True)
-        time.sleep(60)
-""")
 
-
-def _holder(directory):
-    """A child process holding the lock of ``directory`` (returns once it holds it)."""
-    p = subprocess.Popen([sys.executable, "-c", HOLD, str(directory)], stdout=subprocess.PIPE,
-                         text=True, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
-    assert p.stdout.readline().strip() == "held"
-    return p
-
-
-def test_a_second_process_is_refused_with_the_holders_pid_then_takes_over_after_kill_9(tmp_path):
-    p = _holder(tmp_path)
+def test_a_second_process_is_refused_with_the_holders_pid_then_takes_over_after_kill_9(
+        tmp_path, hold_lock):
+    p = hold_lock(tmp_path)
     try:
         with pytest.raises(LockedError, match=rf"{tmp_path} is in use as a run directory by "
                                               rf"pid {p.pid} on .+, started 20\d\d-"):
@@ -60,7 +45,8 @@ def test_released_on_an_exception_and_not_reentrant(tmp_path):
 
 def test_a_child_process_is_refused_while_this_one_holds_it(tmp_path):
     with locked(tmp_path, what="study root"):
-        r = subprocess.run([sys.executable, "-c", HOLD, str(tmp_path)], capture_output=True, text=True,
+        take = "import sys\nfrom apps.lock import locked\nwith locked(sys.argv[1]):\n    print('held')"
+        r = subprocess.run([sys.executable, "-c", take, str(tmp_path)], capture_output=True, text=True,
                            env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}, timeout=60)
     assert r.returncode == 1 and "held" not in r.stdout
     assert f"LockedError: {tmp_path} is in use as a study root by pid {os.getpid()}" in r.stderr
@@ -105,12 +91,12 @@ def test_an_unwritable_folder_is_named(tmp_path):
             pass
 
 
-def test_a_study_root_in_use_is_refused_by_summarize_and_publish(tmp_path, capsys):
+def test_a_study_root_in_use_is_refused_by_summarize_and_publish(tmp_path, capsys, hold_lock):
     from apps.study.__main__ import main
 
     root, dest = tmp_path / "root", tmp_path / "published"
     root.mkdir()
-    p = _holder(root)
+    p = hold_lock(root)
     try:
         for extra in (["--summarize"], ["--publish", str(dest)]):
             assert main(["laptop", "--root", str(root), *extra]) == 2

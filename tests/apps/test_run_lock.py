@@ -2,11 +2,7 @@
 folder that a live run holds is refused in one line naming the holder; a killed holder's lock
 is taken over; a finished run leaves no lock behind."""
 
-import os
 import signal
-import subprocess
-import sys
-import textwrap
 
 import pytest
 
@@ -15,28 +11,12 @@ from apps.lock import LOCK_NAME
 
 TINY = ["--config", "tiny", "--n-boot", "0", "--checkpoint-every", "1", "--methods", "sft",
         "--steps", "1", "--no-zero-shot"]
-HOLD = textwrap.dedent("""
-    import sys, time
-    from apps.lock import locked
-    with locked(sys.argv[1], what="run directory"):
-        print("held", flush=True)
-        time.sleep(120)
-""")
-
-
-def _holder(directory):
-    p = subprocess.Popen([sys.executable, "-c", HOLD, str(directory)], stdout=subprocess.PIPE,
-                         text=True, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
-    assert p.stdout.readline().strip() == "held"
-    return p
-
-
 @pytest.mark.parametrize("flag", ["--out", "--resume"])
-def test_a_folder_held_by_a_live_run_is_refused_naming_it(tmp_path, capsys, flag):
+def test_a_folder_held_by_a_live_run_is_refused_naming_it(tmp_path, capsys, flag, hold_lock):
     out = tmp_path / "run"
     assert main([*TINY, "--out", str(out)]) == 0
     assert not (out / LOCK_NAME).exists()  # released with the run
-    p = _holder(out)
+    p = hold_lock(out)
     try:
         assert main([*TINY, flag, str(out)]) != 0
     finally:
