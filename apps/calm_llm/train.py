@@ -199,13 +199,13 @@ class Evaluation:
 
 def run(cfg: Config) -> dict[str, Any]:
     """The whole run; returns ``{"results": ..., "run_dir": ..., "table": ...}``. Writes as it goes."""
+    # an unloadable --model fails now, before a run folder or the data (or a minute of hub retries)
+    model_lib.check_model_available(cfg.model)
     with run_lock(cfg):  # one process writes into the run directory at a time
         return _run(cfg)
 
 
 def _run(cfg: Config) -> dict[str, Any]:
-    # an unloadable --model fails now, before a run folder or the data (or a minute of hub retries)
-    model_lib.check_model_available(cfg.model)
     state, splits = prepare_run_dir(cfg, distributed.init(fsdp=cfg.fsdp))
     restore_evaluated(state)  # before the minutes a model takes to load
     kept = set(state.results)

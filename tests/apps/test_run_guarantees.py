@@ -309,6 +309,9 @@ def test_a_hub_model_offline_and_not_cached_fails_in_one_line_before_the_data(tm
                              "not in the Hugging Face cache")
     assert "huggingface-cli download someorg/no-such-model-here" in err[0]
     assert not (tmp_path / "runs").exists()  # and no empty run folder is left behind
+    # nor an --out folder (the run directory's lock is taken only after the model check)
+    argv = ["--config", "tiny", "--model", "someorg/no-such-model-here", "--out", "named"]
+    assert main(argv) == 1 and not (tmp_path / "named").exists()
 
 
 def test_a_hub_model_that_cannot_be_downloaded_is_one_line_naming_the_option(monkeypatch):

@@ -122,12 +122,12 @@ class OpenQAEval:
 
 def run(cfg: Config) -> dict[str, Any]:
     """The whole open-QA run; returns ``{"results", "run_dir", "table"}``. Writes as it goes."""
+    model_lib.check_model_available(cfg.model)  # before the lock makes the --out folder
     with run_lock(cfg):  # one process writes into the run directory at a time
         return _run(cfg)
 
 
 def _run(cfg: Config) -> dict[str, Any]:
-    model_lib.check_model_available(cfg.model)
     dist = distributed.init(fsdp=cfg.fsdp)
     if dist.world > 1:
         raise ConfigError("--task open_qa runs in a single process (sampling is not sharded); "
