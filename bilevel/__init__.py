@@ -12,6 +12,7 @@ Public API::
     bilevel.Implicit(linear_solver=solve)   # any solve(matvec, b, init=None) -> (x, info)
     solver = bilevel.BOME(10, 0.1) | bilevel.ITD(10, 0.1) | bilevel.AID(10, 0.1)
            | bilevel.FD(1, 0.1) | bilevel.VPBGD(10, 0.1) | bilevel.F2SA(10, 0.1) | bilevel.SOBA(0.1)
+           | bilevel.SABA(0.1, n_upper=m, n_lower=n)   # batches: bilevel.Indexed(i, batch)
     bilevel.ITD(10, 0.1, inner_optimizer=bilevel.Adam())   # unroll Adam (or bilevel.SGD(momentum=0.9))
     meta = bilevel.meta_problem(task_loss, prox=λ)        # meta-learning: α = initialization
     solver = bilevel.MAML(5, 0.01) | bilevel.FOMAML(5, 0.01) | bilevel.Reptile(5, 0.01)
@@ -38,8 +39,10 @@ from .solvers import (
     IMAML,
     ITD,
     MAML,
+    SABA,
     SOBA,
     VPBGD,
+    Indexed,
     Reptile,
     StepResult,
 )
@@ -59,11 +62,13 @@ __all__ = [
     "IMAML",
     "ITD",
     "History",
+    "Indexed",
     "Implicit",
     "MAML",
     "MetaProblem",
     "Problem",
     "Reptile",
+    "SABA",
     "SGD",
     "SOBA",
     "StepResult",

@@ -10,6 +10,7 @@ from .imaml import IMAML
 from .itd import ITD
 from .maml import FOMAML, MAML
 from .reptile import Reptile
+from .saba import SABA, Indexed
 from .soba import SOBA
 from .vpbgd import VPBGD
 
@@ -22,7 +23,9 @@ __all__ = [
     "IMAML",
     "ITD",
     "MAML",
+    "Indexed",
     "Reptile",
+    "SABA",
     "SOBA",
     "StepResult",
     "VPBGD",

@@ -1,21 +1,51 @@
 """SOBA, the plain single-loop method of Dagréou, Ablin, Vaiter & Moreau, "A framework for
 bilevel optimization that enables stochastic and global variance reduction algorithms",
-NeurIPS 2022 (SABA, its SAGA variance-reduced sibling, is not implemented)."""
+NeurIPS 2022 (SABA, its SAGA variance-reduced sibling, is in ``saba.py`` and shares the
+oracles defined here)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
+
 from .. import tree
 from .._autodiff import grad, leaf_aliases, vjp
 from .._checks import check_positive
-from .._internals import CheckedObjectives, flatten_variables
+from .._internals import CheckedObjectives, FlatVariables, flatten_variables
 from ..problem import Problem
 from ._state import WarmStart
 from .base import StepResult
 
-__all__ = ["SOBA"]
+__all__ = ["SOBA", "lower_oracles", "soba_result", "upper_oracles"]
+
+
+def lower_oracles(
+    objectives: CheckedObjectives, alpha: list[torch.Tensor], theta: list[torch.Tensor],
+    trees: tuple[Any, Any], batch: Any, v: list
+) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]:
+    """SOBA's oracles of g at (α, θ, v) for one batch: (g, ∇_θ g, ∇²_αθ g · v, ∇²_θθ g · v).
+
+    ``alpha``/``theta`` are leaf aliases, ``trees`` = (outer tree, inner tree) built on them.
+    Cost: one forward of g with ``create_graph`` and one backward through ∇_θ g, which gives
+    both Hessian-vector products at once (the Hessian is symmetric, so the VJP of ∇_θ g with
+    v is ∇²_αθ g · v for the α leaves and ∇²_θθ g · v for the θ leaves); frees the graph.
+    """
+    g = objectives.lower(trees[0], trees[1], batch, "at the current (α, θ)")
+    g_theta = grad(g, theta, create_graph=True)
+    hv = vjp(g_theta, alpha + theta, v, retain_graph=False)
+    return g, [x.detach() for x in g_theta], hv[: len(alpha)], hv[len(alpha) :]
+
+
+def upper_oracles(
+    objectives: CheckedObjectives, alpha: list[torch.Tensor], theta: list[torch.Tensor],
+    trees: tuple[Any, Any], batch: Any
+) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
+    """SOBA's oracles of f at (α, θ) for one batch: (f, ∇_α f, ∇_θ f); one forward-backward."""
+    f = objectives.upper(trees[0], trees[1], batch, "at the current (α, θ)")
+    df = grad(f, alpha + theta)
+    return f, df[: len(alpha)], df[len(alpha) :]
 
 
 @dataclass(frozen=True)
@@ -63,33 +93,43 @@ class SOBA:
         objectives = CheckedObjectives(problem, "SOBA.step")
         variables = flatten_variables("SOBA.step", outer, inner)
         alpha, theta = leaf_aliases(variables.outer), leaf_aliases(variables.inner)
-        outer_tree, inner_tree = variables.outer_tree(alpha), variables.inner_tree(theta)
-        g = objectives.lower(outer_tree, inner_tree, lower_batch, "at the current (α, θ)")
-        g_theta = grad(g, theta, create_graph=True)
-        f = objectives.upper(outer_tree, inner_tree, upper_batch, "at the current (α, θ)")
-        df = grad(f, alpha + theta)
-        f_alpha, f_theta = df[: len(alpha)], df[len(alpha) :]
+        trees = (variables.outer_tree(alpha), variables.inner_tree(theta))
         v = self._v.init_for(variables.inner)
-        v = tree.zeros_like_list(f_theta) if v is None else v
-        # One backward through ∇_θ g: the Hessian is symmetric, so the VJP with v gives
-        # ∇²_αθ g · v for the α leaves and ∇²_θθ g · v for the θ leaves; frees the graph.
-        hv = vjp(g_theta, alpha + theta, v, retain_graph=False)
-        d_alpha = [fa + h for fa, h in zip(f_alpha, hv[: len(alpha)])]
-        d_v = [h + ft for h, ft in zip(hv[len(alpha) :], f_theta)]
-        d_theta = [x.detach() for x in g_theta]
-        info = objectives.finish({
-            "upper_loss": f.detach(),
-            "lower_loss": g.detach(),
-            "outer_grad_norm": tree.sq_norm_list(d_alpha).sqrt(),
-            "inner_grad_norm": tree.sq_norm_list(d_theta).sqrt(),
-            "v_residual_norm": tree.sq_norm_list(d_v).sqrt(),  # ‖∇²_θθ g v + ∇_θ f‖
-            "v_norm": tree.sq_norm_list(v).sqrt(),
-        })
-        # Kept only after the finiteness check passed: a failed step leaves no NaN behind.
-        self._v.v = [vi - self.v_lr * dv for vi, dv in zip(v, d_v)]
-        return StepResult(
-            outer_grad=variables.outer_tree(d_alpha),
-            inner_grad=variables.inner_tree(d_theta),
-            info=info,
-            inner_solution=None,
+        v = tree.zeros_like_list(variables.inner) if v is None else v
+        g, d_theta, hv_alpha, hv_theta = lower_oracles(objectives, alpha, theta, trees, lower_batch, v)
+        f, f_alpha, f_theta = upper_oracles(objectives, alpha, theta, trees, upper_batch)
+        d_alpha = [fa + h for fa, h in zip(f_alpha, hv_alpha)]
+        d_v = [h + ft for h, ft in zip(hv_theta, f_theta)]
+        result, self._v.v = soba_result(
+            objectives, variables, (f, g), (d_alpha, d_theta, d_v), v, self.v_lr
         )
+        return result
+
+
+def soba_result(
+    objectives: CheckedObjectives,
+    variables: FlatVariables,
+    losses: tuple[torch.Tensor, torch.Tensor],
+    directions: tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]],
+    v: list[torch.Tensor],
+    v_lr: float,
+) -> tuple[StepResult, list[torch.Tensor]]:
+    """The StepResult of a SOBA/SABA step from its losses (f, g) and directions (D_α, D_θ,
+    D_v), after the step's single finiteness check, and the next v = v − ``v_lr`` · D_v
+    (for the caller to keep only now that the check passed: a failed step leaves no NaN)."""
+    (f, g), (d_alpha, d_theta, d_v) = losses, directions
+    info = objectives.finish({
+        "upper_loss": f.detach(),
+        "lower_loss": g.detach(),
+        "outer_grad_norm": tree.sq_norm_list(d_alpha).sqrt(),
+        "inner_grad_norm": tree.sq_norm_list(d_theta).sqrt(),
+        "v_residual_norm": tree.sq_norm_list(d_v).sqrt(),  # ‖∇²_θθ g v + ∇_θ f‖
+        "v_norm": tree.sq_norm_list(v).sqrt(),
+    })
+    result = StepResult(
+        outer_grad=variables.outer_tree(d_alpha),
+        inner_grad=variables.inner_tree(d_theta),
+        info=info,
+        inner_solution=None,
+    )
+    return result, [vi - v_lr * dv for vi, dv in zip(v, d_v)]
