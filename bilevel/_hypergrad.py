@@ -22,6 +22,7 @@ pytree shaped like ``outer``. ``method`` is
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -218,8 +219,11 @@ class Implicit:
         where: str = "at the inner solution",
         copy_solution: bool = False,
         init: list[torch.Tensor] | None = None,
+        matvec: Callable[[list[torch.Tensor]], list[torch.Tensor]] | None = None,
     ) -> Estimate:
-        """dF/dα at θ = ``variables.inner``; ``init`` warm-starts the linear solve."""
+        """dF/dα at θ = ``variables.inner``; ``init`` warm-starts the linear solve; ``matvec``
+        replaces the Hessian-vector product of the solve (AID's fresh-batch HVPs, stocBiO),
+        the mixed term and ∇_θ g still coming from ``batches.lower``."""
         alpha, theta = leaf_aliases(variables.outer), leaf_aliases(variables.inner)
         outer_tree, inner_tree = variables.outer_tree(alpha), variables.inner_tree(theta)
         g = objectives.lower(outer_tree, inner_tree, batches.lower, where)
@@ -238,7 +242,7 @@ class Implicit:
             return vjp(gth, theta, v, retain_graph=True)
 
         solve = as_linear_solve(self.linear_solver, "Implicit")
-        v, solve_info = unpack_solution(solve(hvp, f_theta, init), solve, "Implicit")
+        v, solve_info = unpack_solution(solve(matvec or hvp, f_theta, init), solve, "Implicit")
         v = _check_solution(v, f_theta)
         # A NaN or inf in v (a user's solver that does not check, as the shipped ones do)
         # is refused at the step's single finiteness check, naming the solver.
@@ -253,9 +257,7 @@ class Implicit:
             # ``inner`` may be the caller's storage: a solver that returns this as its
             # inner_solution asks for a copy (copy_solution=True); ``hypergrad`` discards it,
             # so by default no copy of a possibly LoRA-sized θ is made.
-            inner_solution=[
-                x.detach().clone() if copy_solution else x.detach() for x in variables.inner
-            ],
+            inner_solution=[x.detach().clone() if copy_solution else x.detach() for x in variables.inner],
             first_inner_grad=[x.detach() for x in gth],
             scalars=scalars,
             linear_solution=[x.detach() for x in v],

@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -202,10 +203,12 @@ def inner_gradient_steps(
     lr: float,
     first: int = 0,
     total: int | None = None,
+    draw: Callable[[], Any] | None = None,
 ) -> tuple[list[torch.Tensor], list[torch.Tensor] | None, torch.Tensor | None]:
     """``steps`` graph-free gradient steps θ ← θ − lr ∇_θ g(α, θ) from ``variables.inner``.
 
-    α and θ are detached. Returns θ after the steps, and the gradient and value of the first
+    α and θ are detached. With ``draw``, each step evaluates g on a fresh batch ``draw()``
+    instead of ``batch`` (stochastic gradient steps, stocBiO's inner loop). Returns θ after the steps, and the gradient and value of the first
     step (None if steps == 0). Each step is one forward-backward of the lower objective; the
     update is out of place because θ_0 shares storage with the caller's tensors. ``first``
     and ``total`` only number the steps in error messages.
@@ -217,7 +220,8 @@ def inner_gradient_steps(
     for t in range(steps):
         leaves = leaf_aliases(theta)
         where = f"inner step {first + t + 1} of {total}"
-        g = objectives.lower(outer, variables.inner_tree(leaves), batch, where)
+        b = batch if draw is None else draw()
+        g = objectives.lower(outer, variables.inner_tree(leaves), b, where)
         gth = grad(g, leaves)
         if t == 0:
             first_grad, first_value = gth, g.detach()
@@ -241,13 +245,14 @@ class StepStart:
 
 def start_step(
     owner: str, problem: Problem, outer: Any, inner: Any, lower_batch: Any, *,
-    steps: int, lr: float, total: int | None = None,
+    steps: int, lr: float, total: int | None = None, draw: Callable[[], Any] | None = None,
 ) -> StepStart:
     """Check the problem and variables for ``owner`` and run ``steps`` graph-free inner
-    gradient steps of size ``lr`` from ``inner`` (:func:`inner_gradient_steps`)."""
+    gradient steps of size ``lr`` from ``inner`` (:func:`inner_gradient_steps`; ``draw``:
+    a fresh lower batch per step)."""
     objectives = CheckedObjectives(problem, owner)
     variables = flatten_variables(owner, outer, inner)
     theta, first_grad, first_value = inner_gradient_steps(
-        objectives, variables, lower_batch, steps=steps, lr=lr, total=total
+        objectives, variables, lower_batch, steps=steps, lr=lr, total=total, draw=draw
     )
     return StepStart(objectives, variables, theta, first_grad, first_value)

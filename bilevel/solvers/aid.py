@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
+
 from .. import tree
+from .._autodiff import grad, leaf_aliases, vjp
 from .._checks import check_int, check_positive
 from .._hypergrad import Implicit
-from .._internals import Batches, start_step
-from ..linalg import CG, LinearSolve, LinearSolver
+from .._internals import Batches, CheckedObjectives, FlatVariables, start_step
+from ..linalg import CG, LinearSolve, LinearSolver, Neumann
 from ..problem import Problem
 from ._state import WarmStart
 from .base import StepResult
@@ -34,6 +38,21 @@ class AID:
     depends on the steps before it (equal only to the solver's tolerance).
     :meth:`reset_warm_start` forgets v.
 
+    ``lower_batches`` (a callable ``() -> batch``, e.g. ``lambda: next(loader_iter)``) makes
+    this stocBiO (Ji, Yang & Liang, "Bilevel optimization: convergence analysis and enhanced
+    design", ICML 2021, Algorithm 2 and eq. (4)): with ``linear_solver=Neumann(Q, η)``, each
+    Neumann term's Hessian-vector product evaluates g on its own fresh batch B_k = draw(),
+
+        v = η Σ_{q=0}^{Q} Π_{k=1}^{q} (I − η ∇²_θθ g(α, θ; B_k)) ∇_θ f(α, θ; upper_batch),
+
+    so E[v] over independent batches is the full-batch Neumann sum (each term is a product
+    of independent factors), while ∇_θ f, ∇_α f and the mixed term ∇²_αθ g · v use the step's
+    ``upper_batch`` and ``lower_batch``. ``fresh_inner_steps=True`` also draws a batch for
+    each of the T inner steps (stocBiO's SGD inner loop). Only the Neumann series accepts
+    per-term batches (CG's iterates assume one fixed matrix). Cost: each Neumann term is a
+    forward of g with a double-backward graph and its backward, instead of one backward
+    through a shared graph; memory one such graph at a time.
+
     Cost per step: T forward-backward passes of g (no graph), one forward of g with a
     double-backward graph, one backward per solver matvec, one forward-backward of f.
     Memory: O(|θ|) + one double-backward graph of g, independent of T and of iterations.
@@ -43,6 +62,8 @@ class AID:
     inner_lr: float
     linear_solver: LinearSolver | LinearSolve = field(default_factory=CG)
     warm_start: bool = False
+    lower_batches: Callable[[], Any] | None = None
+    fresh_inner_steps: bool = False
     _last: WarmStart = field(
         default_factory=WarmStart, init=False, repr=False, compare=False
     )
@@ -53,6 +74,29 @@ class AID:
         if not isinstance(self.warm_start, bool):
             raise TypeError(f"AID: warm_start must be a bool, got {self.warm_start!r}")
         Implicit(self.linear_solver)  # validates the solver type
+        self._check_fresh_batches()
+
+    def _check_fresh_batches(self) -> None:
+        if not isinstance(self.fresh_inner_steps, bool):
+            raise TypeError(f"AID: fresh_inner_steps must be a bool, got {self.fresh_inner_steps!r}")
+        if self.lower_batches is None:
+            if self.fresh_inner_steps:
+                raise ValueError(
+                    "AID: fresh_inner_steps=True needs lower_batches, the callable that draws "
+                    "each step's batch (e.g. lower_batches=lambda: next(batch_iterator))"
+                )
+            return
+        if not callable(self.lower_batches):
+            raise TypeError(
+                "AID: lower_batches must be a callable () -> batch (e.g. lambda: "
+                f"next(batch_iterator)), got {type(self.lower_batches).__name__}"
+            )
+        if not isinstance(self.linear_solver, Neumann):
+            raise ValueError(
+                "AID: lower_batches draws a fresh batch per Neumann term (stocBiO), which only "
+                f"the Neumann series supports, got linear_solver={self.linear_solver!r}; use "
+                "linear_solver=bilevel.linalg.Neumann(steps, lr)"
+            )
 
     def reset_warm_start(self) -> None:
         """Forget the stored v: the next step's linear solve starts from 0."""
@@ -63,10 +107,14 @@ class AID:
     ) -> StepResult:
         """One outer step; see the class docstring."""
         start = start_step(
-            "AID.step", problem, outer, inner, lower_batch, steps=self.inner_steps, lr=self.inner_lr
+            "AID.step", problem, outer, inner, lower_batch, steps=self.inner_steps,
+            lr=self.inner_lr, draw=self.lower_batches if self.fresh_inner_steps else None,
         )
         objectives, variables = start.objectives, start.variables
         theta, first_grad, first_value = start.theta, start.first_grad, start.first_value
+        matvec = None
+        if self.lower_batches is not None:
+            matvec = fresh_batch_hvp(objectives, variables.replace(inner=theta), self.lower_batches)
         est = Implicit(self.linear_solver).estimate(
             objectives,
             variables.replace(inner=theta),
@@ -74,6 +122,7 @@ class AID:
             where=f"at θ^(T) after {self.inner_steps} inner steps",
             copy_solution=self.inner_steps == 0,  # θ^(T) is already fresh storage when T > 0
             init=self._last.init_for(theta) if self.warm_start else None,
+            matvec=matvec,
         )
         scalars = dict(est.scalars)
         scalars["lower_loss_solution"] = scalars["lower_loss"]
@@ -92,3 +141,21 @@ class AID:
             info=info,
             inner_solution=variables.inner_tree(est.inner_solution),
         )
+
+
+def fresh_batch_hvp(
+    objectives: CheckedObjectives, variables: FlatVariables, draw: Callable[[], Any]
+) -> Callable[[list[torch.Tensor]], list[torch.Tensor]]:
+    """The matvec p ↦ ∇²_θθ g(α, θ; draw()) p at θ = ``variables.inner``, a new batch per call:
+    one forward of g, ∇_θ g with ``create_graph`` and one backward through it (freed)."""
+    outer = variables.outer_tree([a.detach() for a in variables.outer])
+    calls = [0]
+
+    def hvp(p: list[torch.Tensor]) -> list[torch.Tensor]:
+        calls[0] += 1
+        theta = leaf_aliases(variables.inner)
+        where = f"Neumann term {calls[0]} on a fresh lower batch"
+        g = objectives.lower(outer, variables.inner_tree(theta), draw(), where)
+        return vjp(grad(g, theta, create_graph=True), theta, p, retain_graph=False)
+
+    return hvp
