@@ -40,7 +40,15 @@ from ._internals import (
     inner_gradient_steps,
 )
 from .inner_optim import SGD, InnerOptimizer, check_inner_optimizer, detach_state
-from .linalg import CG, LinearSolve, LinearSolver, as_linear_solve, solver_name, unpack_solution
+from .linalg import (
+    CG,
+    LinearSolve,
+    LinearSolver,
+    Neumann,
+    as_linear_solve,
+    solver_name,
+    unpack_solution,
+)
 from .problem import Problem
 
 __all__ = ["Estimate", "HypergradMethod", "Implicit", "Unrolled", "hypergrad"]
@@ -244,11 +252,12 @@ class Implicit:
         solve = as_linear_solve(self.linear_solver, "Implicit")
         v, solve_info = unpack_solution(solve(matvec or hvp, f_theta, init), solve, "Implicit")
         v = _check_solution(v, f_theta)
-        # A NaN or inf in v (a user's solver that does not check, as the shipped ones do)
-        # is refused at the step's single finiteness check, naming the solver.
-        objectives.record_finite(
-            tree.sq_norm_list(v), f"the linear solver {solver_name(solve)} (‖x‖² of its solution)"
-        )
+        # A NaN or inf in v (a user's solver that does not check) is refused at the step's
+        # single finiteness check, naming the solver. Neumann has just checked its sum
+        # itself: a second norm and host read per call would be pure overhead.
+        if type(self.linear_solver) is not Neumann:
+            label = f"the linear solver {solver_name(solve)} (‖x‖² of its solution)"
+            objectives.record_finite(tree.sq_norm_list(v), label)
         mixed = vjp(gth, alpha, v, retain_graph=False)  # ∇²_{αθ} g · v; frees the graph
         scalars: dict[str, torch.Tensor | float] = {"upper_loss": f.detach(), "lower_loss": g.detach()}
         scalars.update({f"solver_{k}": val for k, val in dict(solve_info).items()})

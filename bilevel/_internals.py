@@ -44,20 +44,30 @@ class Batches:
 
 @dataclass(frozen=True)
 class FlatVariables:
-    """Outer (α) and inner (θ) variables as flat lists of leaves, with their structures."""
+    """Outer (α) and inner (θ) variables as flat lists of leaves, with their structures.
+
+    ``outer_tree``/``inner_tree`` rebuild the trees with :func:`tree.rebuilder` functions made
+    once here, not a spec walk per objective call (per-call overhead; bench/overhead.py).
+    """
 
     outer: list[torch.Tensor]
     outer_spec: tree.TreeSpec
     inner: list[torch.Tensor]
     inner_spec: tree.TreeSpec
+    _build_outer: Callable[[list[torch.Tensor]], Any] = field(init=False, repr=False, compare=False)
+    _build_inner: Callable[[list[torch.Tensor]], Any] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_build_outer", tree.rebuilder(self.outer_spec))
+        object.__setattr__(self, "_build_inner", tree.rebuilder(self.inner_spec))
 
     def outer_tree(self, leaves: list[torch.Tensor] | None = None) -> Any:
         """``leaves`` (default: ``self.outer``) shaped as the outer pytree."""
-        return tree.unflatten(self.outer if leaves is None else leaves, self.outer_spec)
+        return self._build_outer(self.outer if leaves is None else leaves)
 
     def inner_tree(self, leaves: list[torch.Tensor] | None = None) -> Any:
         """``leaves`` (default: ``self.inner``) shaped as the inner pytree."""
-        return tree.unflatten(self.inner if leaves is None else leaves, self.inner_spec)
+        return self._build_inner(self.inner if leaves is None else leaves)
 
     def replace(self, **changes: list[torch.Tensor]) -> FlatVariables:
         """The same structures with other leaves (``outer=...`` and/or ``inner=...``)."""
@@ -116,7 +126,7 @@ class CheckedObjectives:
         self.problem = problem
         self.owner = owner
         self._values: list[torch.Tensor] = []
-        self._labels: list[str] = []
+        self._labels: list[str | tuple[str, str]] = []
         self._checked = 0
 
     def _record(self, value: Any, which: str, where: str) -> torch.Tensor:
@@ -136,7 +146,8 @@ class CheckedObjectives:
                 f"floating point to be differentiated ({where})"
             )
         self._values.append(value.detach())
-        self._labels.append(f"the {which} objective ({where})")
+        # formatted only if it is reported: one objective call per unrolled step records one
+        self._labels.append((which, where))
         return value
 
     def record_finite(self, value: torch.Tensor, label: str) -> None:
@@ -155,8 +166,11 @@ class CheckedObjectives:
         for i, ok in enumerate(flags):
             if not ok:
                 k = self._checked + i
+                label = self._labels[k]
+                if isinstance(label, tuple):
+                    label = f"the {label[0]} objective ({label[1]})"
                 raise FloatingPointError(
-                    f"{self.owner}: {self._labels[k]} returned a non-finite value "
+                    f"{self.owner}: {label} returned a non-finite value "
                     f"({float(self._values[k])})"
                 )
 

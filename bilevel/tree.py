@@ -33,6 +33,7 @@ __all__ = [
     "leaves",
     "norm",
     "numel",
+    "rebuilder",
     "scale",
     "sq_norm",
     "sub",
@@ -63,6 +64,29 @@ def flatten(tree: PyTree, *, name: str = "tree") -> tuple[list[torch.Tensor], Tr
 def unflatten(leaves_: Sequence[torch.Tensor], spec: TreeSpec) -> PyTree:
     """Inverse of :func:`flatten`."""
     return pytree.tree_unflatten(list(leaves_), spec)
+
+
+def rebuilder(spec: TreeSpec) -> Callable[[Sequence[torch.Tensor]], PyTree]:
+    """A function equal to ``lambda leaves: unflatten(leaves, spec)``, built once per spec.
+
+    The solvers rebuild the caller's trees around fresh leaves once per objective call (every
+    unrolled step, every inner step); ``pytree.tree_unflatten`` walks the spec each time
+    (about ten Python calls for a flat dict). α and θ are nearly always a lone tensor or a
+    flat ``list``/``tuple``/``dict`` of tensors, which are rebuilt here directly
+    (``dict(zip(keys, leaves))`` is what torch's dict unflatten does); any other structure
+    (nested, ``OrderedDict``, namedtuple, custom nodes) goes through ``unflatten``.
+    """
+    if spec.is_leaf():
+        return lambda leaves_: leaves_[0]
+    flat = all(spec.child(i).is_leaf() for i in range(spec.num_children))
+    if flat and spec.type is list:
+        return list
+    if flat and spec.type is tuple:
+        return tuple
+    if flat and spec.type is dict:
+        keys = list(spec.context)
+        return lambda leaves_: dict(zip(keys, leaves_))
+    return lambda leaves_: pytree.tree_unflatten(list(leaves_), spec)
 
 
 def leaves(tree: PyTree, *, name: str = "tree") -> list[torch.Tensor]:

@@ -81,3 +81,28 @@ def test_mixed_and_half_precision_dot_accumulates_in_float32():
     d = tree.dot(x, x)
     assert d.dtype == torch.float32
     assert d.item() == 3.0
+
+
+@pytest.mark.parametrize(
+    "structure",
+    [
+        torch.ones(2),
+        [torch.ones(2), torch.zeros(3)],
+        (torch.ones(2), torch.zeros(1, 2)),
+        {"b": torch.ones(2), "a": torch.zeros(3)},  # insertion order, not sorted
+        {"w": [torch.ones(2), torch.ones(1)], "b": torch.zeros(1)},  # nested: the general path
+        __import__("collections").OrderedDict(x=torch.ones(1), y=torch.ones(2)),
+        [torch.ones(1)],
+    ],
+    ids=["leaf", "list", "tuple", "dict", "nested", "OrderedDict", "one-leaf list"],
+)
+def test_rebuilder_equals_unflatten(structure):
+    # the solvers' fast rebuild of α and θ around new leaves must give exactly what the
+    # generic unflatten gives: same container types, keys, order and leaf objects
+    leaves, spec = tree.flatten(structure)
+    fresh = [torch.randn(x.shape) for x in leaves]
+    fast, slow = tree.rebuilder(spec)(fresh), tree.unflatten(fresh, spec)
+    assert tree.flatten(fast)[1] == spec and type(fast) is type(slow)
+    assert [id(x) for x in tree.leaves(fast)] == [id(x) for x in tree.leaves(slow)] == [id(x) for x in fresh]
+    if isinstance(slow, dict):
+        assert list(fast) == list(slow)
