@@ -305,7 +305,8 @@ def hypergrad(
         ``upper_loss`` and ``lower_loss`` and, for ``Implicit``, ``solver_<key>`` for each key
         of the linear solver's info (CG: ``solver_iterations``, ``solver_residual``).
     """
-    if not isinstance(method, HypergradMethod):
+    # the shipped methods first: a runtime Protocol check walks the class's attributes
+    if not isinstance(method, (Unrolled, Implicit)) and not isinstance(method, HypergradMethod):
         raise TypeError(
             "hypergrad: method must be bilevel.Unrolled, bilevel.Implicit or "
             "bilevel.FiniteDifference (or an object with "

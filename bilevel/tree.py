@@ -49,16 +49,18 @@ def flatten(tree: PyTree, *, name: str = "tree") -> tuple[list[torch.Tensor], Tr
     Raises ``TypeError`` naming the path of the first leaf that is not a tensor, because a
     Python float or ``None`` leaf would otherwise fail much later inside autograd.
     """
-    with_paths, spec = pytree.tree_flatten_with_path(tree)
-    out = []
-    for path, leaf in with_paths:
+    out, spec = pytree.tree_flatten(tree)
+    if all(isinstance(leaf, torch.Tensor) for leaf in out):
+        return out, spec
+    # Only now the key paths (generating them costs more than the flattening itself, once
+    # per solver step): the message names the first offending leaf by its path.
+    for path, leaf in pytree.tree_flatten_with_path(tree)[0]:
         if not isinstance(leaf, torch.Tensor):
             raise TypeError(
                 f"{name}: every leaf must be a torch.Tensor, but {name}{pytree.keystr(path)} "
                 f"is {type(leaf).__name__}"
             )
-        out.append(leaf)
-    return out, spec
+    raise AssertionError("unreachable: a non-tensor leaf was found above")  # pragma: no cover
 
 
 def unflatten(leaves_: Sequence[torch.Tensor], spec: TreeSpec) -> PyTree:
