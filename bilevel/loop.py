@@ -219,7 +219,8 @@ def fit(
 
     Args:
         problem, solver: what to solve and how (``BOME``, ``ITD``, ``AID``, ``FD``,
-            ``VPBGD``, ``F2SA``, ``SOBA``, or any object with the same ``step``).
+            ``VPBGD``, ``F2SA``, ``SOBA``, ``SABA`` (batches as ``Indexed``), or any object
+            with the same ``step``).
         outer, inner: pytrees of the leaf tensors the optimizers hold; updated in place.
         steps: number of outer steps (stops earlier if ``batches`` runs out).
         outer_optimizer, inner_optimizer: any ``torch.optim`` optimizers (see :func:`apply`);
