@@ -98,6 +98,18 @@ class AID:
                 "linear_solver=bilevel.linalg.Neumann(steps, lr)"
             )
 
+    def _draw(self) -> Any:
+        """The next batch from ``lower_batches``; an exhausted iterator is an error that says
+        so, not a bare StopIteration escaping from ``step`` (or ending ``fit`` silently)."""
+        assert self.lower_batches is not None
+        try:
+            return self.lower_batches()
+        except StopIteration:
+            raise RuntimeError(
+                "AID.step: lower_batches ran out of batches (it raised StopIteration); give it "
+                "an endless source, e.g. itertools.cycle over the batches or a sampler"
+            ) from None
+
     def reset_warm_start(self) -> None:
         """Forget the stored v: the next step's linear solve starts from 0."""
         self._last.v = None
@@ -108,13 +120,13 @@ class AID:
         """One outer step; see the class docstring."""
         start = start_step(
             "AID.step", problem, outer, inner, lower_batch, steps=self.inner_steps,
-            lr=self.inner_lr, draw=self.lower_batches if self.fresh_inner_steps else None,
+            lr=self.inner_lr, draw=self._draw if self.fresh_inner_steps else None,
         )
         objectives, variables = start.objectives, start.variables
         theta, first_grad, first_value = start.theta, start.first_grad, start.first_value
         matvec = None
         if self.lower_batches is not None:
-            matvec = fresh_batch_hvp(objectives, variables.replace(inner=theta), self.lower_batches)
+            matvec = fresh_batch_hvp(objectives, variables.replace(inner=theta), self._draw)
         est = Implicit(self.linear_solver).estimate(
             objectives,
             variables.replace(inner=theta),

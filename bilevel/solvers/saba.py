@@ -164,6 +164,11 @@ class SABA:
                     f"SABA.fill_memory: {which}_batches has {len(batches)} batches but "
                     f"n_{which}={n}; pass one batch per memory entry"
                 )
+            if any(isinstance(b, Indexed) for b in batches):
+                raise TypeError(
+                    f"SABA.fill_memory: {which}_batches[i] is entry i already; pass the plain "
+                    "batches, not bilevel.Indexed"
+                )
         objectives = CheckedObjectives(problem, "SABA.fill_memory")
         variables, alpha, theta, trees, v = self._start("SABA.fill_memory", outer, inner)
         lower = [list(lower_oracles(objectives, alpha, theta, trees, b, v)[1:]) for b in lower_batches]

@@ -205,6 +205,9 @@ def test_saba_batches_must_be_indexed_and_in_range():
         _step(saba, i=4)
     with pytest.raises(ValueError, match=r"SABA.fill_memory: lower_batches has 3 batches but n_lower=4"):
         saba.fill_memory(PROBLEM, a, t, upper_batches=UPPER, lower_batches=LOWER[:3])
+    with pytest.raises(TypeError, match=r"SABA.fill_memory: upper_batches\[i\] is entry i already"):
+        saba.fill_memory(PROBLEM, a, t, upper_batches=[bilevel.Indexed(j, b) for j, b in enumerate(UPPER)],
+                         lower_batches=LOWER)
     toy = bilevel.Problem(upper=lambda a, t, b: (t["theta"] ** 2).sum() + (a["a"] ** 2).sum(),
                           lower=lambda a, t, b: ((t["theta"] - a["a"].sum()) ** 2).sum())
     batch = bilevel.Indexed(0, None)

@@ -78,3 +78,11 @@ def test_fresh_batches_average_to_the_full_batch_neumann_estimate(inner_steps, f
 def test_fresh_batch_options_are_checked_at_construction(kwargs, error, match):
     with pytest.raises(error, match=match):
         bilevel.AID(2, 0.1, **kwargs)
+
+
+def test_an_exhausted_batch_source_is_a_clear_error():
+    a, t = _point(0)
+    source = iter(LOWER[:2])  # two batches for three Neumann terms
+    aid = bilevel.AID(0, 0.1, linear_solver=linalg.Neumann(3, 0.2), lower_batches=lambda: next(source))
+    with pytest.raises(RuntimeError, match=r"AID.step: lower_batches ran out of batches .* itertools.cycle"):
+        aid.step(PROBLEM, a, t, upper_batch=UPPER, lower_batch=LOWER)
