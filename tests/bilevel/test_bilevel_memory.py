@@ -119,3 +119,27 @@ def test_itd_memory_does_not_grow_across_outer_steps(inner_update):
         )
     # After the optimizers have created their state (step 1), nothing accumulates.
     assert counts[2:] == [counts[2]] * len(counts[2:]), counts
+
+
+@pytest.mark.parametrize("fill", [False, True], ids=["zero memory", "filled memory"])
+def test_saba_keeps_only_v_and_its_saga_tables(fill):
+    problem, outer, inner = _problem()
+    solver = bilevel.SABA(0.1, n_upper=2, n_lower=3)
+    if fill:
+        solver.fill_memory(problem, outer, inner, upper_batches=[None] * 2, lower_batches=[None] * 3)
+    tracker = _TrackOutputs()
+    with tracker:
+        result = solver.step(problem, outer, inner, upper_batch=bilevel.Indexed(1, None),
+                             lower_batch=bilevel.Indexed(2, None))
+    gc.collect()
+    returned = bilevel.tree.leaves((result.outer_grad, result.inner_grad))
+    memory = solver._memory
+    kept = solver._v.v + memory.lower.rows + memory.lower.mean + memory.upper.rows + memory.upper.mean
+    survivors = [r() for r in tracker.refs if r() is not None]
+    assert len(tracker.refs) > 100
+    # the step's graphs are freed; what stays is the result, the new v and (when the step
+    # allocated them) the SAGA tables, updated in place otherwise
+    assert {id(t) for t in survivors} <= {id(t) for t in returned + kept}
+    assert {id(t) for t in returned} <= {id(t) for t in survivors}
+    for t in returned + kept:
+        assert not t.requires_grad and t.grad_fn is None
