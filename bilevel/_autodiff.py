@@ -39,7 +39,11 @@ def grad(
     out = torch.autograd.grad(
         output, inputs, create_graph=create_graph, retain_graph=retain_graph, allow_unused=True
     )
-    return _materialize(out, inputs, create_graph)
+    # _materialize inlined: this runs once per unrolled step
+    return [
+        torch.zeros_like(x, requires_grad=create_graph) if g is None else g
+        for g, x in zip(out, inputs)
+    ]
 
 
 def vjp(
