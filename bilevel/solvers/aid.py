@@ -40,7 +40,7 @@ class AID:
 
     ``lower_batches`` (a callable ``() -> batch``, e.g. ``lambda: next(loader_iter)``) makes
     this stocBiO (Ji, Yang & Liang, "Bilevel optimization: convergence analysis and enhanced
-    design", ICML 2021, Algorithm 2 and eq. (4)): with ``linear_solver=Neumann(Q, η)``, each
+    design", ICML 2021, the stocBiO algorithm): with ``linear_solver=Neumann(Q, η)``, each
     Neumann term's Hessian-vector product evaluates g on its own fresh batch B_k = draw(),
 
         v = η Σ_{q=0}^{Q} Π_{k=1}^{q} (I − η ∇²_θθ g(α, θ; B_k)) ∇_θ f(α, θ; upper_batch),

@@ -1,6 +1,6 @@
 """SABA, the SAGA-variance-reduced single-loop method of Dagréou, Ablin, Vaiter & Moreau, "A
 framework for bilevel optimization that enables stochastic and global variance reduction
-algorithms", NeurIPS 2022 (Algorithm 3): SOBA's directions with every oracle replaced by its
+algorithms", NeurIPS 2022: SOBA's directions with every oracle replaced by its
 SAGA estimate (Defazio, Bach & Lacoste-Julien, NeurIPS 2014) over finite sums of batches."""
 
 from __future__ import annotations
@@ -97,15 +97,15 @@ class SABA:
         D_θ = ∇̂_θ g,   D_v = ∇̂²_θθ g v + ∇̂_θ f (v ← v − ``v_lr`` D_v),   D_α = ∇̂_α f + ∇̂²_αθ g v
 
     As the estimates' variance vanishes at the solution, SABA converges with constant step
-    sizes where SOBA, stochastic, only reaches a noise ball (the paper's Theorem 2; checked in
-    tests/bilevel/test_bilevel_saba.py).
+    sizes where SOBA, stochastic, only reaches a noise ball (the paper's convergence result
+    for SABA; checked in tests/bilevel/test_bilevel_saba.py).
 
     Batches: ``upper_batch`` and ``lower_batch`` must be :class:`Indexed` (index, batch)
     — the shared ``step`` interface unchanged; e.g. ``fit(..., batches=lambda k:
     (Indexed(j, upper[j]), Indexed(i, lower[i])))`` with i, j drawn uniformly (the
     estimates are unbiased only for uniform indices). The memory starts at zero;
-    :meth:`fill_memory` evaluates every entry at the current point, as the paper's
-    initialization does (n + m oracle calls), and after it the direction at that point is
+    :meth:`fill_memory` evaluates every entry at the current point, SAGA's usual start
+    (a full pass: n + m oracle calls), and after it the direction at that point is
     exactly the full-sum SOBA direction. :meth:`reset` forgets v and the memory.
 
     Cost per step: SOBA's (one forward of g with ``create_graph``, one backward through ∇_θ g
