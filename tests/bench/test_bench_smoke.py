@@ -123,6 +123,10 @@ def test_scoring_quick_agrees_with_the_old_layout(tmp_path):
     timing = [r for r in out["records"] if r["kind"] == "timing"]
     assert {r["candidate"] for r in agree} >= {"packed@2048", "cache@2048"}
     assert {r["candidate"] for r in timing} >= {"before", "packed@2048", "cache@2048"}
+    if "lm_eval" not in out["meta"]:  # lm-eval installed: both batch sizes are candidates
+        assert {r["candidate"] for r in timing} >= {"lm_eval@32", "lm_eval@64"}
+        for r in timing:  # one round: the spread collapses onto the single paired ratio
+            assert r["speedup_round_min"] == r["speedup_round_median"] == r["speedup_round_max"]
     for r in timing:
         _has_a_timing(r)  # the record's shape, not its value: no timing is asserted
         assert r["target_tokens"] < r["floor_tokens"] < r["unshared_tokens"]
