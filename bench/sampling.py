@@ -176,6 +176,8 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--batch-size", type=int, default=8, help="questions per generate call")
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--threads", type=int, default=None,
+                    help="torch threads (default: torch's own choice)")
     return ap
 
 
@@ -187,6 +189,8 @@ def answer_stats(lengths: list[int], cap: int) -> dict[str, float]:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = _parser().parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     args.n_questions = args.n_questions or (4 if args.quick else 16)
     args.n = args.n or (4 if args.quick else 20)
     out = args.out or harness.RESULTS / ("sampling_quick" if args.quick else "sampling")

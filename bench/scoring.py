@@ -266,11 +266,15 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--no-agreement", action="store_true", help="timing only")
     ap.add_argument("--no-timing", action="store_true", help="agreement only")
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--threads", type=int, default=None,
+                    help="torch threads (default: torch's own choice)")
     return ap
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = _parser().parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     model = args.model or ("tiny" if args.quick else "smollm2")
     n = args.n or (8 if args.quick else 120)
     rounds = args.rounds or (1 if args.quick else ROUNDS)
