@@ -53,19 +53,20 @@ def prompts_for(tokenizer: Any, questions: list[str]) -> list[str]:
     return [prompt_text(collator, INSTRUCTION.format(question=q)) for q in questions]
 
 
-def stop_lengths(rows: torch.Tensor, stop: torch.Tensor) -> list[int]:
-    """Tokens of each generated row (R, T) up to and including its first ``stop`` id (V,), or T
-    where none came."""
+def stop_answers(rows: torch.Tensor, stop: torch.Tensor) -> list[list[int]]:
+    """Each generated row (R, T) up to and including its first ``stop`` id (V,), or all T ids
+    where none came (the answer as the app cuts it)."""
     hit = stop.to(rows.device)[rows.clamp(max=stop.numel() - 1)]  # (R, T)
     first = torch.where(hit.any(1), hit.int().argmax(1) + 1, rows.shape[1])
-    return first.tolist()
+    return [row[:k] for row, k in zip(rows.tolist(), first.tolist())]
 
 
 def generate_rows(lm: Any, prompts: list[str], *, n: int, calls: int, share_prompt: bool,
-                  temperature: float, max_new_tokens: int, batch_size: int, seed: int) -> list[int]:
+                  temperature: float, max_new_tokens: int, batch_size: int,
+                  seed: int) -> list[list[int]]:
     """``calls`` ``generate`` calls of n samples per batch of prompts through the app's
     `generate_batch` (its stopping rule: newline or EOS, every row kept to the batch's end);
-    returns each sequence's answer length in tokens (`stop_lengths`).
+    returns each sequence's answer ids (`stop_answers`).
 
     ``shared_generate``: share_prompt, calls = 1; ``num_return_sequences``: not shared,
     calls = 1; ``n_calls``: not shared, n = 1 per call, n calls."""
@@ -73,7 +74,7 @@ def generate_rows(lm: Any, prompts: list[str], *, n: int, calls: int, share_prom
 
     encoded = S.encode_prompts(lm.tokenizer, prompts)
     cfg = S.generation_config(lm, do_sample=True, max_new_tokens=max_new_tokens)
-    stop, plist, lengths = S.stop_mask(lm), S.processor_list(None, temperature), []
+    stop, plist, answers = S.stop_mask(lm), S.processor_list(None, temperature), []
     with lm.mode(False), torch.no_grad():
         torch.manual_seed(seed)
         for lo in range(0, len(encoded), batch_size):
@@ -81,35 +82,34 @@ def generate_rows(lm: Any, prompts: list[str], *, n: int, calls: int, share_prom
             for _ in range(calls):
                 out = S.generate_batch(lm, ids, mask, n=n, config=cfg, processors=plist,
                                        share_prompt=share_prompt, stop=stop)
-                lengths += stop_lengths(out.sequences[:, ids.shape[1]:], stop)
-    return lengths
+                answers += stop_answers(out.sequences[:, ids.shape[1]:], stop)
+    return answers
 
 
-def decode_lengths(lm: Any, prompts: list[str], *, n: int, temperature: float,
-                   max_new_tokens: int, batch_size: int, seed: int) -> list[int]:
-    """Answer lengths of the ``shared`` path: `sample_answers`' batches through `decode` (the
+def decode_answers(lm: Any, prompts: list[str], *, n: int, temperature: float,
+                   max_new_tokens: int, batch_size: int, seed: int) -> list[list[int]]:
+    """Answer ids of the ``shared`` path: `sample_answers`' batches through `decode` (the
     same draws, before the ids become text)."""
     from apps.calm_llm import sampling as S
 
     encoded = S.encode_prompts(lm.tokenizer, prompts)
-    stop, plist, lengths = S.stop_mask(lm), S.processor_list(None, temperature), []
+    stop, plist, answers = S.stop_mask(lm), S.processor_list(None, temperature), []
     with lm.mode(False), torch.no_grad(), torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         for lo in range(0, len(encoded), batch_size):
             ids, mask = S.left_pad(encoded[lo:lo + batch_size], S._pad_id(lm.tokenizer), lm.device)
-            got = S.decode(lm, ids, mask, n=n, processors=plist, do_sample=True,
-                           max_new_tokens=max_new_tokens, stop=stop).token_ids
-            lengths += [len(g) for g in got]
-    return lengths
+            answers += S.decode(lm, ids, mask, n=n, processors=plist, do_sample=True,
+                                max_new_tokens=max_new_tokens, stop=stop).token_ids
+    return answers
 
 
 class HFGenerate:
     """The plain transformers peer a user writes: the tokenizer left-pads each batch of prompts,
     one ``model.generate(**inputs, do_sample=True, num_return_sequences=n, top_k=0,
     top_p=1.0, temperature=T, max_new_tokens=M)`` per batch, stopping at the model's EOS only
-    (the app also stops at a newline). Calling it returns each sequence's answer length (to the
-    first newline or EOS, as the app counts); ``generated`` keeps the tokens each sequence
-    computed up to its EOS or the cap (what generate paid for)."""
+    (the app also stops at a newline). Calling it returns each sequence's answer ids (to the
+    first newline or EOS, as the app cuts it); ``generated`` keeps the count of tokens each
+    sequence generated up to its EOS or the cap (what generate paid for)."""
 
     def __init__(self, lm: Any, prompts: list[str], args: argparse.Namespace) -> None:
         from apps.calm_llm import sampling as S
@@ -123,9 +123,9 @@ class HFGenerate:
         # whether the user's tokenizer call gives the app's token ids (recorded in the results)
         self.same_ids = [list(x) for x in enc] == S.encode_prompts(lm.tokenizer, prompts)
 
-    def __call__(self) -> list[int]:
+    def __call__(self) -> list[list[int]]:
         a, tok, model = self.args, self.lm.tokenizer, self.lm.model
-        lengths, self.generated = [], []
+        answers, self.generated = [], []
         with self.lm.mode(False), torch.no_grad():
             torch.manual_seed(0)
             for lo in range(0, len(self.prompts), a.batch_size):
@@ -135,13 +135,13 @@ class HFGenerate:
                                      top_p=1.0, temperature=a.temperature,
                                      max_new_tokens=a.max_new_tokens, pad_token_id=self.pad)
                 rows = out[:, inputs["input_ids"].shape[1]:]
-                lengths += stop_lengths(rows, self.stop)
-                self.generated += stop_lengths(rows, self.eos)
-        return lengths
+                answers += stop_answers(rows, self.stop)
+                self.generated += [len(r) for r in stop_answers(rows, self.eos)]
+        return answers
 
 
 def candidates(lm: Any, prompts: list[str], args: argparse.Namespace) -> dict[str, Any]:
-    """name -> (timed call, untimed call returning each sequence's answer length)."""
+    """name -> (timed call, untimed call returning each sequence's answer ids)."""
     from apps.calm_llm.sampling import sample_answers
 
     kw = dict(n=args.n, temperature=args.temperature, top_p=1.0,
@@ -155,7 +155,7 @@ def candidates(lm: Any, prompts: list[str], args: argparse.Namespace) -> dict[st
     hf = HFGenerate(lm, prompts, args)
     return {
         "shared": (lambda: sample_answers(lm, prompts, share_prompt=True, desc="shared", **kw),
-                   lambda: decode_lengths(lm, prompts, n=args.n, **gk)),
+                   lambda: decode_answers(lm, prompts, n=args.n, **gk)),
         "shared_generate": (rows(args.n, 1, True), rows(args.n, 1, True)),
         "num_return_sequences": (
             lambda: sample_answers(lm, prompts, share_prompt=False, desc="num_return_sequences",
@@ -181,8 +181,9 @@ def _parser() -> argparse.ArgumentParser:
     return ap
 
 
-def answer_stats(lengths: list[int], cap: int) -> dict[str, float]:
+def answer_stats(answers: list[list[int]], cap: int) -> dict[str, float]:
     """Mean answer length in tokens and the share of answers cut at ``cap`` (--max-new-tokens)."""
+    lengths = [len(a) for a in answers]
     return {"mean_answer_tokens": sum(lengths) / len(lengths),
             "share_at_max_new_tokens": sum(x == cap for x in lengths) / len(lengths)}
 
@@ -208,9 +209,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     cands = candidates(lm, prompts, args)
     hf = cands["hf_generate"][0]
     # answer lengths (untimed; the warm-up round): how much a batch's longest answer pads the rest
-    stats = {name: answer_stats(lengths(), args.max_new_tokens) for name, (_, lengths) in cands.items()}
+    answers = {name: untimed() for name, (_, untimed) in cands.items()}
+    stats = {name: answer_stats(a, args.max_new_tokens) for name, a in answers.items()}
     meta.update(stats["shared_generate"])
     meta["hf_generate_same_prompt_ids"] = hf.same_ids
+    # same prompt ids, same seed, same logits: the same draws as the app's num_return_sequences
+    meta["hf_generate_same_answers"] = answers["hf_generate"] == answers["num_return_sequences"]
     meta["hf_generate_mean_generated_tokens"] = sum(hf.generated) / len(hf.generated)
     for name, st in stats.items():
         print(f"{name:>22}: answers {st['mean_answer_tokens']:.1f} tokens on average, "

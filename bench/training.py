@@ -222,14 +222,19 @@ def round_ratios(times: dict[str, list[float]], ref: str, name: str) -> dict[str
 
 
 def batch_tokens(stream_of: Callable[[], Any], steps: int) -> dict[str, float]:
-    """Mean real (attended) and padded tokens per training batch over the first ``steps``."""
+    """Real (attended) and padded tokens per training batch over the first ``steps``: mean,
+    min and max (what a packed layout would save)."""
     stream = stream_of()
-    real = padded = 0
+    real, padded = [], []
     for _ in range(steps):
         b = stream.next()
-        real += int(b.attention_mask.sum())
-        padded += b.attention_mask.numel()
-    return {"real_tokens_per_batch": real / steps, "padded_tokens_per_batch": padded / steps}
+        real.append(int(b.attention_mask.sum()))
+        padded.append(b.attention_mask.numel())
+    out: dict[str, float] = {}
+    for name, xs in (("real", real), ("padded", padded)):
+        out |= {f"{name}_tokens_per_batch": sum(xs) / steps, f"{name}_tokens_min": min(xs),
+                f"{name}_tokens_max": max(xs)}
+    return out
 
 
 def build(model: str, names: list[str], steps: int) -> dict[str, Any]:
@@ -298,7 +303,9 @@ def render(meta: dict[str, Any], recs: list[dict[str, Any]]) -> str:
         f"{env['torch']}, transformers {meta['transformers']}, peft {meta['peft']}, "
         f"{env['date']}. Batches of the preset's SFT stream: "
         f"{meta['real_tokens_per_batch']:.0f} real tokens in "
-        f"{meta['padded_tokens_per_batch']:.0f} padded ones on average.\n\n"
+        f"{meta['padded_tokens_per_batch']:.0f} padded ones on average "
+        f"({meta['real_tokens_min']}–{meta['real_tokens_max']} in "
+        f"{meta['padded_tokens_min']}–{meta['padded_tokens_max']}).\n\n"
         + harness.markdown_table(
             ["candidate", "method", "ms / step (median)", "ms (best)", "speed-up vs hf_trainer",
              "speed-up per round (min / max)", "step-1 loss"], rows)

@@ -180,6 +180,7 @@ def test_training_quick_matches_the_first_loss_and_records_every_candidate(tmp_p
     assert by["hf_trainer"]["speedup_vs_ref"] == 1.0
     meta = out["meta"]
     assert 0 < meta["real_tokens_per_batch"] < meta["padded_tokens_per_batch"]
+    assert meta["real_tokens_min"] <= meta["real_tokens_per_batch"] <= meta["real_tokens_max"]
     assert "| app_sft | sft |" in stem.with_suffix(".md").read_text()
 
 
