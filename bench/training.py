@@ -60,6 +60,8 @@ APP_CANDIDATES: dict[str, tuple[str, dict[str, Any]]] = {
     "app_calm": ("calm", {}),
 }
 LOSS_RTOL = 1e-4
+# the app's --optimizer -> the Trainer's ``optim`` running the same torch.optim class
+HF_OPTIM = {"adamw": "adamw_torch", "sgd": "sgd"}
 
 
 def app_config(model: str, overrides: dict[str, Any], steps: int) -> Any:
@@ -170,12 +172,15 @@ class HFTrainerStep:
         from transformers import Trainer, TrainingArguments
 
         t = cfg.train
+        if t.optimizer not in HF_OPTIM:
+            raise ValueError(f"train.optimizer {t.optimizer!r}: the Trainer peer has no equal "
+                             f"optimizer; use one of {sorted(HF_OPTIM)} in the configuration")
         self.model = peft_model(cfg)
         self.tmp = tempfile.TemporaryDirectory(prefix="bench_training_")
         args = TrainingArguments(
             output_dir=self.tmp.name, use_cpu=True, report_to=[], seed=cfg.seed,
             per_device_train_batch_size=t.batch_size, gradient_accumulation_steps=1,
-            learning_rate=t.lr, weight_decay=t.weight_decay, optim="adamw_torch",
+            learning_rate=t.lr, weight_decay=t.weight_decay, optim=HF_OPTIM[t.optimizer],
             lr_scheduler_type=t.schedule if t.schedule != "constant" else "constant_with_warmup",
             warmup_steps=int(round(t.warmup_ratio * t.steps)), max_grad_norm=t.max_grad_norm,
             max_steps=t.steps, save_strategy="no", logging_strategy="no", disable_tqdm=True,

@@ -207,3 +207,11 @@ def test_hf_inputs_put_each_answer_token_under_the_logit_that_predicts_it():
     bad = Batch(**{**batch.__dict__, "target_ids": torch.tensor([[-100, 9, 8, -100], tgt[1].tolist()])})
     with pytest.raises(ValueError, match="not its next input tokens"):
         hf_inputs(bad)
+
+
+def test_the_trainer_peer_refuses_an_optimizer_it_cannot_match():
+    from bench import training
+
+    cfg = training.app_config("tiny", {"train": {"optimizer": "adam"}}, steps=4)
+    with pytest.raises(ValueError, match="train.optimizer 'adam'.*adamw"):
+        training.HFTrainerStep(cfg, lambda: None)
