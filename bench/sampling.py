@@ -27,7 +27,8 @@ rule, its processors). Before the timing, one untimed pass of every candidate (t
 records its answer lengths: the mean answer length in tokens and the share that reach the cap
 (what `decode` saves grows as answers get shorter than the batch's longest; the candidates
 draw different samples, so their lengths differ a little). Prints seconds per question and
-the ratios to ``shared``; writes bench/results/sampling[_quick].json.
+the ratios to ``shared`` and the speed-up over ``hf_generate`` (ratio of medians and
+min / median / max of the per-round paired ratios); writes bench/results/sampling[_quick].json.
 ``--quick``: 4 questions, n = 4 (``--model tiny`` for a test).
 """
 
@@ -174,7 +175,7 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--max-new-tokens", type=int, default=16)
     ap.add_argument("--temperature", type=float, default=1.0, help="sampling temperature")
     ap.add_argument("--batch-size", type=int, default=8, help="questions per generate call")
-    ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--rounds", type=int, default=None, help="timed rounds (default 3; quick 1)")
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--threads", type=int, default=None,
                     help="torch threads (default: torch's own choice)")
@@ -194,6 +195,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         torch.set_num_threads(args.threads)
     args.n_questions = args.n_questions or (4 if args.quick else 16)
     args.n = args.n or (4 if args.quick else 20)
+    args.rounds = args.rounds or (1 if args.quick else 3)
     out = args.out or harness.RESULTS / ("sampling_quick" if args.quick else "sampling")
 
     from apps.calm_llm.config import ModelConfig
@@ -222,12 +224,18 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     rec = harness.Recorder(out.with_suffix(".json"), meta)
     times = harness.time_alternating({k: v[0] for k, v in cands.items()}, device=torch.device("cpu"),
                                      warmup=0, repeats=args.rounds, min_repeats=args.rounds)
-    base = harness.median(times["shared"])
+    base, peer = harness.median(times["shared"]), harness.median(times["hf_generate"])
     for name, ts in times.items():
         s = harness.median(ts)
+        spread = harness.paired_ratios(times, "hf_generate", name)
         rec.add({"candidate": name, "seconds": ts, "seconds_median": s,
-                 "s_per_question": s / len(prompts), "ratio_vs_shared": s / base, **stats[name]})
-        print(f"{name:>22}: {s / len(prompts):.3f} s/question  ({s / base:.2f}x shared)")
+                 "s_per_question": s / len(prompts), "ratio_vs_shared": s / base,
+                 "speedup_vs_hf_generate": peer / s, "speedup_round_min": spread["min"],
+                 "speedup_round_median": spread["median"], "speedup_round_max": spread["max"],
+                 **stats[name]})
+        print(f"{name:>22}: {s / len(prompts):.3f} s/question  ({s / base:.2f}x shared, "
+              f"{peer / s:.2f}x faster than hf_generate; rounds {spread['min']:.2f}-"
+              f"{spread['max']:.2f}x)")
     return {"meta": meta, "records": rec.records}
 
 

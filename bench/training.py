@@ -219,13 +219,6 @@ def same_lora_init(app: AppStep, hf: HFTrainerStep) -> None:
             raise AssertionError(f"LoRA tensor {n} differs between the app and the peft peer")
 
 
-def round_ratios(times: dict[str, list[float]], ref: str, name: str) -> dict[str, float]:
-    """min / median / max over rounds of ``ref``'s time over ``name``'s in the same round (the
-    spread of the speed-up; > 1: ``name`` is faster)."""
-    ratios = [a / b for a, b in zip(times[ref], times[name])]
-    return {"min": min(ratios), "median": harness.median(ratios), "max": max(ratios)}
-
-
 def batch_tokens(stream_of: Callable[[], Any], steps: int) -> dict[str, float]:
     """Real (attended) and padded tokens per training batch over the first ``steps``: mean,
     min and max (what a packed layout would save)."""
@@ -280,7 +273,7 @@ def records(runs: dict[str, Any], times: dict[str, list[float]], first: dict[str
     out = []
     for name, ts in times.items():
         t = harness.median(ts)
-        spread = round_ratios(times, ref, name)
+        spread = harness.paired_ratios(times, ref, name)
         out.append({
             "candidate": name, "model": model, "reference": ref,
             "method": APP_CANDIDATES[name][0] if name in APP_CANDIDATES else "sft",

@@ -1,21 +1,21 @@
-"""The per-round speed-up spreads of bench.training and bench.scoring: paired ratios, their
+"""The per-round speed-up spreads (bench.harness.paired_ratios, bench.scoring): paired ratios, their
 min <= median <= max, and the exact ratio when every round takes the same time."""
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from bench.harness import paired_ratios
 from bench.scoring import round_speedups
-from bench.training import round_ratios
 
 times_st = st.lists(st.floats(0.01, 100.0), min_size=1, max_size=9)
 
 
 @settings(max_examples=50, deadline=None)
 @given(st.data())
-def test_round_ratios_pair_the_rounds(data):
+def test_paired_ratios_pair_the_rounds(data):
     ref = data.draw(times_st)
     cand = data.draw(st.lists(st.floats(0.01, 100.0), min_size=len(ref), max_size=len(ref)))
-    r = round_ratios({"ref": ref, "c": cand}, "ref", "c")
+    r = paired_ratios({"ref": ref, "c": cand}, "ref", "c")
     assert r["min"] <= r["median"] <= r["max"]
     ratios = [a / b for a, b in zip(ref, cand)]
     assert r["min"] == min(ratios) and r["max"] == max(ratios)

@@ -25,6 +25,10 @@ def test_sampling_quick_tiny(tmp_path):
     assert out["meta"]["questions"] == 4 and out["meta"]["n"] == 4
     assert 1 <= out["meta"]["mean_answer_tokens"] <= 4
     assert records[0]["ratio_vs_shared"] == 1.0
+    peer = records[-1]
+    assert peer["speedup_vs_hf_generate"] == 1.0 == peer["speedup_round_median"]
+    for r in records:
+        assert r["speedup_round_min"] <= r["speedup_round_median"] <= r["speedup_round_max"]
 
 
 def test_stop_answers_cut_each_row_after_its_first_stop_token():
