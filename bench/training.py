@@ -433,7 +433,8 @@ def render(meta: dict[str, Any], recs: list[dict[str, Any]]) -> str:
         f"({meta['real_tokens_min']}–{meta['real_tokens_max']} in "
         f"{meta['padded_tokens_min']}–{meta['padded_tokens_max']}).\n\n"
         + harness.markdown_table(
-            ["candidate", "method", "ms / step (median)", "ms (best)", "speed-up vs hf_trainer",
+            ["candidate", "method", "ms / step (median)", "ms (best)",
+             f"speed-up vs {recs[0]['reference']}",
              "speed-up per round (min / max)", "step-1 loss"], rows)
         + "\n"
     )
@@ -454,10 +455,10 @@ def _parser() -> argparse.ArgumentParser:
 
 def _train_stream(runs: dict[str, Any]) -> Callable[[], Any]:
     """A maker of fresh SFT training streams of the runs' data (for token counts)."""
-    if "hf_trainer" in runs:
-        return runs["hf_trainer"].stream_of
-    ctx = next(iter(runs.values())).ctx
-    return lambda: ctx.stream("train")
+    run = next(iter(runs.values()))
+    if isinstance(run, HFTrainerStep):
+        return run.stream_of
+    return lambda: run.ctx.stream("train")
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -475,8 +476,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "warmup": args.warmup, "transformers": transformers.__version__,
             "peft": peft.__version__, "loss_rtol": LOSS_RTOL,
             **batch_tokens(_train_stream(runs), steps)}
-    first = check_first_loss(runs)
     try:
+        first = check_first_loss(runs)
         times = harness.time_alternating(runs, device=torch.device("cpu"), warmup=args.warmup,
                                          repeats=rounds, min_repeats=rounds)
     finally:
