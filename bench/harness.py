@@ -171,6 +171,14 @@ def median(xs: Sequence[float]) -> float:
     return statistics.median(xs)
 
 
+def paired_ratios(times: dict[str, list[float]], ref: str, name: str) -> dict[str, float]:
+    """min / median / max over rounds of ``ref``'s time over ``name``'s in the same round of
+    `time_alternating` (> 1: ``name`` is faster). Each round's pair ran back to back, so its
+    ratio is what load drift disturbs least; the range is the speed-up's spread."""
+    ratios = [a / b for a, b in zip(times[ref], times[name])]
+    return {"min": min(ratios), "median": median(ratios), "max": max(ratios)}
+
+
 def run_logged(cmd: list[str]) -> tuple[int, float, str]:
     """Run ``cmd`` with its output echoed as it comes (progress bars stay visible); returns
     (exit code, wall seconds, its last 60 lines, kept for a failure report)."""

@@ -123,6 +123,10 @@ def test_scoring_quick_agrees_with_the_old_layout(tmp_path):
     timing = [r for r in out["records"] if r["kind"] == "timing"]
     assert {r["candidate"] for r in agree} >= {"packed@2048", "cache@2048"}
     assert {r["candidate"] for r in timing} >= {"before", "packed@2048", "cache@2048"}
+    if "lm_eval" not in out["meta"]:  # lm-eval installed: both batch sizes are candidates
+        assert {r["candidate"] for r in timing} >= {"lm_eval@32", "lm_eval@64"}
+        for r in timing:  # one round: the spread collapses onto the single paired ratio
+            assert r["speedup_round_min"] == r["speedup_round_median"] == r["speedup_round_max"]
     for r in timing:
         _has_a_timing(r)  # the record's shape, not its value: no timing is asserted
         assert r["target_tokens"] < r["floor_tokens"] < r["unshared_tokens"]
@@ -152,3 +156,67 @@ def test_warm_start_counts_fewer_cg_iterations_for_the_same_hypergradient():
     assert len(r["cold"]) == len(r["warm"]) == 3
     assert r["warm"][0] == r["cold"][0] and sum(r["warm"]) < sum(r["cold"])
     assert r["max_rel_diff"] < 1e-5 and r["breakdowns"] == (0, 0)
+
+
+@pytest.mark.slow
+def test_training_quick_matches_the_first_loss_and_records_every_candidate(tmp_path):
+    """bench.training --quick (tiny model, 2 rounds): the app's SFT step and HF Trainer + peft
+    start from the same loss on the same batch; every candidate has a record with its times."""
+    from bench import training
+
+    stem = tmp_path / "tr"
+    out = training.main(["--quick", "--out", str(stem)])
+    records = json.loads(stem.with_suffix(".json").read_text())["records"]
+    assert [r["candidate"] for r in records] == ["app_sft", "app_calm", "hf_trainer",
+                                                 "hf_trainer_train"]
+    by = {r["candidate"]: r for r in records}
+    a, h = by["app_sft"]["first_loss"], by["hf_trainer"]["first_loss"]
+    print(f"step-1 loss: app_sft {a:.6f}, hf_trainer {h:.6f}")
+    assert abs(a - h) <= 1e-4 * abs(a)
+    # the tiny preset has no warmup (round(0.1 * 4) = 0 steps): both schedules are the same
+    # cosine, so all four steps agree; and Trainer.train() itself takes the driven steps
+    assert by["hf_trainer"]["max_rel_loss_diff_vs_app_sft"] < 1e-4
+    assert by["hf_trainer_train"]["losses"] == pytest.approx(by["hf_trainer"]["losses"], rel=1e-6)
+    for r in records:
+        _has_a_timing(r)  # the record's shape, not its value: no timing is asserted
+        assert len(r["seconds_all"]) == 2 and r["reference"] == "hf_trainer"
+        assert r["speedup_round_min"] <= r["speedup_round_median"] <= r["speedup_round_max"]
+        assert len(r["losses"]) == 4  # step 1, one warm-up round, two timed rounds
+    assert by["hf_trainer"]["speedup_vs_ref"] == 1.0
+    meta = out["meta"]
+    assert 0 < meta["real_tokens_per_batch"] < meta["padded_tokens_per_batch"]
+    assert meta["real_tokens_min"] <= meta["real_tokens_per_batch"] <= meta["real_tokens_max"]
+    assert "| app_sft | sft |" in stem.with_suffix(".md").read_text()
+
+
+def test_hf_inputs_put_each_answer_token_under_the_logit_that_predicts_it():
+    """The labels HF's loss shifts back land where the app's shifted targets are; an answer
+    ending in the last column gets one padding column for its last label."""
+    import torch
+
+    from apps.calm_llm.data import Batch
+    from bench.training import hf_inputs
+
+    ids = torch.tensor([[5, 6, 7, 8], [5, 9, 1, 1]])
+    mask = torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0]])
+    tgt = torch.tensor([[-100, 7, 8, 4], [-100, 3, -100, -100]])
+    z = torch.zeros(2, dtype=torch.long)
+    batch = Batch(mode="cloze", input_ids=ids, attention_mask=mask,
+                  position_ids=mask.cumsum(1) - 1, target_ids=tgt, labels=z, n_options=z + 1,
+                  seq_question=torch.arange(2), seq_option=z, cont_chars=z)
+    d = hf_inputs(batch)
+    assert d["labels"].tolist() == [[-100, -100, 7, 8, 4], [-100, -100, 3, -100, -100]]
+    assert d["attention_mask"][:, -1].tolist() == [0, 0] and d["input_ids"].shape == (2, 5)
+    # HF's loss: logits[t] against labels[t + 1], i.e. the app's target_ids[t]
+    assert torch.equal(d["labels"][:, 1:][:, :4], tgt)
+    bad = Batch(**{**batch.__dict__, "target_ids": torch.tensor([[-100, 9, 8, -100], tgt[1].tolist()])})
+    with pytest.raises(ValueError, match="not its next input tokens"):
+        hf_inputs(bad)
+
+
+def test_the_trainer_peer_refuses_an_optimizer_it_cannot_match():
+    from bench import training
+
+    cfg = training.app_config("tiny", {"train": {"optimizer": "adam"}}, steps=4)
+    with pytest.raises(ValueError, match="train.optimizer 'adam'.*adamw"):
+        training.HFTrainerStep(cfg, lambda: None)
