@@ -24,6 +24,7 @@ from .collate_base import IGNORE, PROMPT_STYLES, _leading_special_ids, _pad_id
 from .collate_cloze import PREFIX_LAYOUTS, ClozeCollator
 from .collate_instruction import InstructionCollator
 from .collate_letter import LetterCollator
+from .packing import pack_batch
 from .schema import Batch, InstructionExample, MCQAExample
 
 __all__ = ["IGNORE", "MODES", "PREFIX_LAYOUTS", "PROMPT_STYLES", "Collator", "batch_iterator",
@@ -57,6 +58,12 @@ class Collator(LetterCollator, ClozeCollator, InstructionCollator):
             block mask: no padding between options and no KV-cache copies; needs an attention
             kernel that takes a custom mask, SDPA or eager) or "cache" (prefixes run first, the
             continuations against their gathered KV cache; any attention kernel).
+        pack_sequences: plain right-padded batches (cloze, instruction; not letter batches,
+            whose scoring reads their last column, nor shared-prefix ones, packed already)
+            come with their sequences packed into rows of at most ``max_length`` tokens
+            without padding (`packing.pack_batch`): the training layout of
+            ``--train-layout packed``; it needs the same attention kernels as the packed
+            shared prefix (`model.CausalLM.prefix_layout` == "packed").
     """
 
     def __init__(
@@ -70,6 +77,7 @@ class Collator(LetterCollator, ClozeCollator, InstructionCollator):
         letter_prefix: str | None = None,
         share_prefix: bool = False,
         prefix_layout: str = "packed",
+        pack_sequences: bool = False,
     ) -> None:
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
@@ -82,6 +90,7 @@ class Collator(LetterCollator, ClozeCollator, InstructionCollator):
         self.letter_prefix = (" " if prompt_style == "paper" else "") if letter_prefix is None else letter_prefix
         self.share_prefix = bool(share_prefix)
         self.prefix_layout = prefix_layout
+        self.pack_sequences = bool(pack_sequences)
         self.option_token_ids = self._letter_ids()
 
     # ---- examples -> Batch ---------------------------------------------------------------
@@ -90,6 +99,13 @@ class Collator(LetterCollator, ClozeCollator, InstructionCollator):
             raise ValueError(f"options must be 'all' or 'gold', got {options!r}")
         if len(examples) == 0:
             raise ValueError("cannot collate an empty list of examples")
+        batch = self._collate(examples, options)
+        if self.pack_sequences and batch.mode != "letter" and batch.prefix is None \
+                and batch.packed is None:
+            return pack_batch(batch, self.max_length, self.pad_id)
+        return batch
+
+    def _collate(self, examples: Sequence[MCQAExample | InstructionExample], options: str) -> Batch:
         kinds = {type(e) for e in examples}
         if kinds == {InstructionExample}:
             return self._instruction(examples)
