@@ -1,9 +1,10 @@
 """The packed training layout: a batch's sequences back to back in rows without padding.
 
 A right-padded batch of S sequences of lengths n_1..n_S costs the model S·L positions, L the
-longest; the default run's SFT batches hold 141–215 real tokens in 176–376 positions. Packed,
+longest; the default run's 24 SFT batches hold 144–194 real tokens in 176–312 positions. Packed,
 the sequences sit back to back in R rows of at most ``width`` tokens (first-fit decreasing,
-so R is small and only the last row's tail is padding), each sequence its own segment of the
+so R is small: any two rows together overflow ``width``; a row shorter than the widest
+is padded at its end), each sequence its own segment of the
 `schema.Packed` layout the shared-prefix scoring uses: positions restart at 0 for every
 sequence and the block mask (`Packed.attention_mask`) lets a token see the earlier tokens of
 its own sequence only (segment ids 1, 2, … in a row; no shared segment 0). The forward
