@@ -127,6 +127,14 @@ class TrainConfig:
         2048, "token budget of an evaluation batch (padded prefix + continuation tokens; "
         "questions are batched longest first)"
     )
+    train_layout: str = opt(
+        "packed",
+        "training batches (cloze, instruction): right-padded, or their sequences packed into "
+        "rows without padding under a per-sequence block mask (same loss and gradients up to "
+        "rounding; falls back to padded where the model's attention cannot take the mask, as "
+        "the shared prefix does; letter batches stay padded)",
+        choices=("padded", "packed"),
+    )
     grad_accum: int = opt(1, "micro-batches accumulated per optimizer step")
     lr: float = opt(1e-3, "learning rate of the LoRA parameters (θ)")
     weight_decay: float = opt(0.0, "decoupled weight decay of θ (AdamW)")
@@ -346,7 +354,8 @@ class Config:
         """
         out: dict[str, Any] = {}
         for sec, f in _leaf_fields():
-            if f.name in RUN_ONLY or f.name in EVAL_ONLY or f.name in SPLIT_ONLY:
+            if f.name in RUN_ONLY or f.name in EVAL_ONLY or f.name in SPLIT_ONLY \
+                    or f.name in LAYOUT_ONLY:
                 continue
             # multiple-choice runs ignore the open-QA options: their hashes stay what they were
             if self.task == "mcqa" and (sec == "open_qa" or f.name == "task"):
@@ -380,6 +389,11 @@ EVAL_ONLY = ("n_bins", "n_boot")
 # options whose effect is the splits, which splits.json records and a resume checks (a changed
 # split is refused there): outside the hash, so adding one moved no run's hash or checkpoint
 SPLIT_ONLY = ("dedup",)
+
+# options that change how the same numbers are laid out in memory, not the math (the losses and
+# gradients agree to rounding, tests/apps/test_train_packing.py): outside the hash like --fsdp,
+# so adding one moved no run's hash and a resume may switch it
+LAYOUT_ONLY = ("train_layout",)
 
 
 def differences(saved: Config, now: Config) -> list[str]:

@@ -103,6 +103,9 @@ class Packed:
     the options that share it, right-padded; positions count from 0 at the prefix and every
     continuation goes on from the prefix's length.
     ``segment_ids`` (R, W): 0 on the prefix, j + 1 on the row's j-th continuation, -1 on padding.
+    A packed training batch (`packing.pack_batch`) has no prefix: row r holds whole sequences
+    as segments 1, 2, …, each with its own positions from 0, and ``target_index`` is (S, L),
+    over the batch's padded layout.
     ``target_index`` (S, C): ``r * W + t``, where continuation position (s, c) sits in the packed
     rows; -1 on the continuations' padding.
     """

@@ -93,6 +93,16 @@ class Context:
     def instruction(self) -> bool:
         return bool(self.cfg.data.instruction_data)
 
+    @property
+    def train_layout(self) -> str:
+        """How training batches are laid out: ``--train-layout``, except that "packed" falls
+        back to "padded" where the model cannot run the block mask (`CausalLM.prefix_layout`
+        is "cache": an attention kernel without custom masks, a sliding window, FSDP)."""
+        want = self.cfg.train.train_layout
+        if want == "packed" and self.lm.prefix_layout != "packed":
+            return "padded"
+        return want
+
     def stream(self, kind: str, *, options: str | None = None, seed_offset: int = 0) -> Stream:
         """A training ('train') or calibration ('calib') batch stream, sharded over ranks."""
         t = self.cfg.train
@@ -104,6 +114,9 @@ class Context:
             # (the packed layout is one forward and checkpoints like any other)
             collator = copy.copy(collator)
             collator.share_prefix = False
+        if kind == "train" and self.train_layout == "packed":
+            collator = copy.copy(collator)  # the evaluation collator may be the same object
+            collator.pack_sequences = True
         per_rank = t.batch_size if kind == "train" else calib_batch_size(self.cfg)
         if options is None:
             # cloze training needs only the gold continuation (the CE falls on it alone)
