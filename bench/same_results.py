@@ -13,7 +13,8 @@ searched for run folders below it, matched by their relative path, e.g. a study'
 * ``splits.json``, ``results.md``: byte for byte.
 
 Bench files (``bench.hypergrad`` / ``bench.scaling`` JSON): each record's ``rel_error`` (the
-error against the dense float64 oracle), records matched by their identifying fields.
+error against the dense float64 oracle) and ``rel_error_vs_f64_same_method`` where it has one,
+records matched by their identifying fields.
 
 Prints one markdown table (what, compared, differ, max |Δ|); exits 1 when anything differs.
 Cost: reading both folders once.
@@ -115,18 +116,17 @@ def compare_folders(a: Path, b: Path) -> list[dict[str, Any]]:
 
 
 def compare_bench(a: Path, b: Path) -> list[dict[str, Any]]:
-    """Each bench record's ``rel_error``, matched by its identifying fields."""
-    def keyed(path: Path) -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        for r in json.loads(path.read_text())["records"]:
-            key = "/".join(str(r.get(f)) for f in _ID_FIELDS)
-            out[key] = r.get("rel_error")
-        return out
+    """Each bench record's ``rel_error*`` numbers, matched by its identifying fields."""
+    def keyed(path: Path) -> tuple[dict[str, Any], int]:
+        records = json.loads(path.read_text())["records"]
+        out = {"/".join([*(str(r.get(f)) for f in _ID_FIELDS), field]): v
+               for r in records for field, v in r.items() if field.startswith("rel_error")}
+        return out, len(records)
 
-    ka, kb = keyed(a), keyed(b)
+    (ka, n), (kb, _) = keyed(a), keyed(b)
     given = {k: v for k, v in ka.items() if v is not None}
-    row = compare_leaves(given, {k: kb.get(k) for k in given}, f"{a.name} rel_error")
-    row["compared"] = f"{len(given)} numbers over {len(ka)} records"
+    row = compare_leaves(given, {k: kb.get(k) for k in given}, f"{a.name} rel_error*")
+    row["compared"] = f"{len(given)} numbers over {n} records"
     return [row]
 
 
