@@ -79,10 +79,10 @@ def build(device: str, data: list[str], solver: str = "itd") -> Any:
     ``solver`` itd gives eager attention (second order), bome the default kernel (SDPA)."""
     from apps.calm_llm.config import parse_args
     from apps.calm_llm.distributed import Dist
-    from apps.calm_llm.train import Run, build_context, load_data
+    from apps.calm_llm.runner.load import build_mc, load_data
 
     cfg = parse_args(_argv(device, data, solver))
-    return build_context(Run(cfg, Dist(), Path("."), cfg.hash()), load_data(cfg)).ctx
+    return build_mc(cfg, Dist(), load_data(cfg)).ctx
 
 
 def measure(ctx: Any, method: Any, solvers: tuple[str, ...] = ("bome", "itd", "aid")) -> dict[str, Any]:

@@ -3,7 +3,7 @@
     python -m bench.sampling [--quick] [--model smollm2|tiny] [--n-questions 16] [--n 20]
 
 TriviaQA questions (`apps.calm_llm.data.open_qa.load_open_qa("trivia_qa")`), each prompt the
-app's (`apps.calm_llm.open_qa.run.INSTRUCTION` in the chat template), n samples per
+app's (`apps.calm_llm.runner.load.INSTRUCTION` in the chat template), n samples per
 question at ``--temperature`` (1.0), top-p 1.0, at most 16 new tokens, timed side by side in one process
 (round-robin, `harness.time_alternating`):
 
@@ -47,7 +47,8 @@ def prompts_for(tokenizer: Any, questions: list[str]) -> list[str]:
     """The app's open-QA prompts: its instruction in the chat template (or, for a tokenizer
     without one such as the tiny model's, the Alpaca template), as ``--task open_qa`` asks."""
     from apps.calm_llm.data import Collator
-    from apps.calm_llm.open_qa.run import INSTRUCTION, prompt_text
+    from apps.calm_llm.runner.evaluate import prompt_text
+    from apps.calm_llm.runner.load import INSTRUCTION
 
     style = "chat" if getattr(tokenizer, "chat_template", None) else "paper"
     collator = Collator(tokenizer, mode="cloze", prompt_style=style)

@@ -7,13 +7,14 @@ import pytest
 import torch
 
 from apps.calm_llm import config as C
-from apps.calm_llm import methods, train
+from apps.calm_llm import methods
 from apps.calm_llm.__main__ import main
 from apps.calm_llm.data import Collator, MCQAExample
 from apps.calm_llm.history import read_history
 from apps.calm_llm.methods.base import Context, finite_option_logits, lr_lambda
 from apps.calm_llm.methods.calm import Calm
 from apps.calm_llm.model import load
+from apps.calm_llm.runner import evaluate as runner_evaluate
 
 WORDS = ["red", "blue", "green", "cold", "warm", "tall", "short", "fast", "slow", "soft"]
 EXAMPLES = [
@@ -187,7 +188,7 @@ def test_select_reads_only_the_calibration_split(tmp_path, monkeypatch):
     assert main([*args, "--out", str(tmp_path / "a")]) == 0
     clean = json.loads((tmp_path / "a" / "metrics.json").read_text())["selection"]["calm"]
 
-    original = train.predict_option_logits
+    original = runner_evaluate.predict_option_logits
     calib_ids = None
 
     def poisoned(ctx, method, examples, desc=""):
@@ -202,7 +203,7 @@ def test_select_reads_only_the_calibration_split(tmp_path, monkeypatch):
         fake[torch.arange(len(y)), y if good else (y + 1) % 3] = 5.0
         return fake, y
 
-    monkeypatch.setattr(train, "predict_option_logits", poisoned)
+    monkeypatch.setattr(runner_evaluate, "predict_option_logits", poisoned)
     assert main([*args, "--out", str(tmp_path / "b")]) == 0
     poisoned_sel = json.loads((tmp_path / "b" / "metrics.json").read_text())["selection"]["calm"]
     assert poisoned_sel["chosen"] == clean["chosen"]

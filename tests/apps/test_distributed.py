@@ -69,7 +69,7 @@ def _predict_cloze(dist, out: str) -> None:
     from apps.calm_llm.data import Collator
     from apps.calm_llm.methods.base import Context
     from apps.calm_llm.model import load
-    from apps.calm_llm.train import predict_option_logits
+    from apps.calm_llm.predict import predict_option_logits
 
     cfg = C.parse_args(["--config", "tiny", "--mode", "cloze"])
     lm = load(cfg.model, device=torch.device("cpu"), seed=0, dist=dist)

@@ -12,11 +12,11 @@ from peft import PeftModel
 from safetensors.torch import load_file, save_file
 
 from apps.calm_llm import config as C
-from apps.calm_llm import train
 from apps.calm_llm.__main__ import main
 from apps.calm_llm.calibrated import CalibrationError, load_export
 from apps.calm_llm.export import AlphaLogitsProcessor, load_adapter, portable, portable_base_name
 from apps.calm_llm.model import load_base
+from apps.calm_llm.runner.load import load_data
 
 ROWS = ("ts", "sft", "calm")
 
@@ -37,7 +37,7 @@ def run(tmp_path_factory):
     # shifts of a few nats on the support's 83 tokens move every log-softmax visibly
     save_file({n: t + 3.0 * torch.randn(t.shape, generator=g) for n, t in alpha.items()},
               str(moved / "alpha.safetensors"))
-    return out, cfg, train.load_data(cfg)
+    return out, cfg, load_data(cfg)
 
 
 def _eval_sets(splits):
@@ -194,7 +194,7 @@ def test_letter_mode_exports_score_as_the_run_predicted(tmp_path):
     torch.set_num_threads(1)
     assert main(["--config", "tiny", "--mode", "letter", "--methods", "ts", "calm", "--steps", "1",
                  "--n-boot", "0", "--no-zero-shot", "--checkpoint-every", "0", "--out", str(tmp_path)]) == 0
-    splits = train.load_data(C.from_dict(json.loads((tmp_path / "config.json").read_text())))
+    splits = load_data(C.from_dict(json.loads((tmp_path / "config.json").read_text())))
     preds = load_file(str(tmp_path / "predictions.safetensors"))
     for row in ("ts", "calm"):
         model = load_export(tmp_path / "export" / row)

@@ -157,7 +157,7 @@ def test_label_smoothing_over_the_option_letters():
 
 
 def test_rcft_cloze_estimates_bins_and_trains(cloze):
-    from apps.calm_llm.train import predict_option_logits
+    from apps.calm_llm.predict import predict_option_logits
 
     m = methods.get("rcft")(cloze)
     m.predict = lambda ex: predict_option_logits(cloze, m, ex)
@@ -168,7 +168,7 @@ def test_rcft_cloze_estimates_bins_and_trains(cloze):
 
 def test_rcft_scale_sets_the_regularizer_weight(cloze):
     """With s = 0 RCFT is SFT on (1 − w)·CE; a large s changes the LoRA step."""
-    from apps.calm_llm.train import predict_option_logits
+    from apps.calm_llm.predict import predict_option_logits
 
     options = cloze.cfg.options_of("rcft")
     saved = options.scale
@@ -200,7 +200,7 @@ def test_gold_only_keeps_gold_targets(cloze):
 
 
 def test_ts_fits_on_calibration_split(cloze):
-    from apps.calm_llm.train import predict_option_logits
+    from apps.calm_llm.predict import predict_option_logits
 
     m = methods.get("ts")(cloze)
     m.after_training(lambda ex: predict_option_logits(cloze, m, ex))

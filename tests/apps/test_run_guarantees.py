@@ -11,11 +11,12 @@ import shutil
 import pytest
 import torch
 
-from apps.calm_llm import checkpoint, evaluate, train
+from apps.calm_llm import checkpoint, evaluate
 from apps.calm_llm import config as C
 from apps.calm_llm.__main__ import main
 from apps.calm_llm.io import CorruptFile
 from apps.calm_llm.methods.calm import CalmObjectives
+from apps.calm_llm.runner import load as runner_load
 
 
 def _write_source(path, name, n, label_of=lambda i: i % 4):
@@ -292,7 +293,7 @@ def _no_data_loading(monkeypatch):
     def refuse(cfg):
         raise AssertionError("the data were loaded before the model was checked")
 
-    monkeypatch.setattr(train, "load_data", refuse)
+    monkeypatch.setattr(runner_load, "load_data", refuse)
 
 
 def test_a_hub_model_offline_and_not_cached_fails_in_one_line_before_the_data(tmp_path, monkeypatch,

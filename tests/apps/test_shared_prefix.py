@@ -19,7 +19,7 @@ from apps.calm_llm import methods, scoring
 from apps.calm_llm.data import Collator, MCQAExample, budget_batches
 from apps.calm_llm.methods.base import Context
 from apps.calm_llm.model import load
-from apps.calm_llm.train import predict_option_logits
+from apps.calm_llm.predict import predict_option_logits
 
 WORDS = ["red", "blue", "green", "cold", "warm", "tall", "short", "fast", "slow", "soft"]
 # questions of very different lengths, 2-5 options, one option much longer than the others

@@ -11,6 +11,7 @@ from typing import Any
 
 _WHERE = {
     "Collator": "collate",
+    "warn_truncated": "collate",
     "batch_iterator": "collate",
     "budget_batches": "collate",
     "Batch": "schema",

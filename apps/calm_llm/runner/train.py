@@ -8,6 +8,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -120,3 +121,17 @@ def train_method(
     if ctx.dist.main and history:
         plot_training(history, run_dir / f"training_{method.name}.png", title=method.name)
     return history
+
+
+def train_row(info: Any, row: str, ctx: Context, *, init_lora: dict[str, torch.Tensor], seed: int,
+              run_dir: Path, config_hash: str, resume: bool) -> Method:
+    """One row from the shared start: the LoRA adapters reset to ``init_lora``, the generator
+    seeded with ``seed``, the method built as row ``row`` (which names its checkpoints/,
+    history_<row> and export/<row>) and, if it trains, trained (resuming a checkpoint under
+    ``resume``). Returns the method, trained but not yet fitted."""
+    ctx.lm.load_inner(init_lora)
+    torch.manual_seed(seed)
+    method = info.load()(ctx, name=row)
+    if info.trains:
+        train_method(method, ctx, run_dir=run_dir, config_hash=config_hash, resume=resume)
+    return method
