@@ -124,7 +124,7 @@ def predict_shared(ctx: Any, examples: list, budget: int, layout: str = "packed"
     import copy
 
     from apps.calm_llm.methods import get
-    from apps.calm_llm.train import predict_option_logits
+    from apps.calm_llm.predict import predict_option_logits
 
     cfg = dataclasses.replace(ctx.cfg, train=dataclasses.replace(ctx.cfg.train, eval_tokens=budget))
     col = copy.copy(ctx.collator)

@@ -63,6 +63,7 @@ PRESETS = {"smollm2": "default", "tiny": "tiny"}  # --model -> the config preset
 # name -> (method, config overrides): each is the app's step at one configuration
 APP_CANDIDATES: dict[str, tuple[str, dict[str, Any]]] = {
     "app_sft": ("sft", {}),
+    "app_sft_padded": ("sft", {"train": {"train_layout": "padded"}}),
     "app_calm": ("calm", {}),
 }
 LOSS_RTOL = 1e-4
@@ -85,25 +86,13 @@ def app_config(model: str, overrides: dict[str, Any], steps: int) -> Any:
 
 
 def app_context(cfg: Any) -> Any:
-    """The methods' `Context` for ``cfg``, built as `apps.calm_llm.train.build_context` builds
-    it (one model per context: candidates never share parameters or optimizer state)."""
-    from apps.calm_llm import model as model_lib
-    from apps.calm_llm.config import needs_second_order
-    from apps.calm_llm.data import Collator
-    from apps.calm_llm.methods.base import Context
-    from apps.calm_llm.train import load_data
+    """The methods' `Context` for ``cfg``, built by the runner's own load stage
+    (`apps.calm_llm.runner.load.build_mc`; one model per context: candidates never share
+    parameters or optimizer state)."""
+    from apps.calm_llm.distributed import Dist
+    from apps.calm_llm.runner.load import build_mc, load_data
 
-    torch.manual_seed(cfg.seed)
-    splits = load_data(cfg)
-    lm = model_lib.load(cfg.model, device=torch.device("cpu"), eager=needs_second_order(cfg),
-                        seed=cfg.seed)
-    d = cfg.data
-    collator = Collator(lm.tokenizer, mode=d.mode, prompt_style=d.prompt_style,
-                        max_length=cfg.model.max_length, max_options=d.max_options,
-                        share_prefix=d.share_prefix, prefix_layout=lm.prefix_layout)
-    return Context(cfg=cfg, lm=lm, collator=collator, train_examples=list(splits.train),
-                   calib_examples=list(splits.calib), train_collator=collator,
-                   option_token_ids=collator.option_token_ids if d.mode == "letter" else None)
+    return build_mc(cfg, Dist(), load_data(cfg)).ctx
 
 
 class AppStep:
@@ -353,7 +342,8 @@ def batch_tokens(stream_of: Callable[[], Any], steps: int) -> dict[str, float]:
 
 def build(model: str, names: list[str], steps: int) -> dict[str, Any]:
     """The candidates ``names`` (keys of `APP_CANDIDATES`, and ``hf_trainer``), each on its own
-    model; ``hf_trainer`` reads the training stream of ``app_sft``'s configuration."""
+    model; the Trainer peers read the padded training stream of ``app_sft_padded``'s
+    configuration (the same sequences ``app_sft`` packs: a Trainer takes padded batches)."""
     runs: dict[str, Any] = {}
     for name in names:
         if name in APP_CANDIDATES:
@@ -361,7 +351,8 @@ def build(model: str, names: list[str], steps: int) -> dict[str, Any]:
             runs[name] = AppStep(app_config(model, over, steps), method)
     peers = [name for name in names if name in HF_CANDIDATES]
     if peers:
-        sft = runs.get("app_sft") or AppStep(app_config(model, {}, steps), "sft")
+        method, over = APP_CANDIDATES["app_sft_padded"]
+        sft = runs.get("app_sft_padded") or AppStep(app_config(model, over, steps), method)
         for name in peers:
             runs[name] = HF_CANDIDATES[name](sft.ctx.cfg, lambda: sft.ctx.stream("train"), steps)
             same_lora_init(sft, runs[name])

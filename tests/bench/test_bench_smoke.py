@@ -167,12 +167,14 @@ def test_training_quick_matches_the_first_loss_and_records_every_candidate(tmp_p
     stem = tmp_path / "tr"
     out = training.main(["--quick", "--out", str(stem)])
     records = json.loads(stem.with_suffix(".json").read_text())["records"]
-    assert [r["candidate"] for r in records] == ["app_sft", "app_calm", "hf_trainer",
-                                                 "hf_trainer_train"]
+    assert [r["candidate"] for r in records] == ["app_sft", "app_sft_padded", "app_calm",
+                                                 "hf_trainer", "hf_trainer_train"]
     by = {r["candidate"]: r for r in records}
     a, h = by["app_sft"]["first_loss"], by["hf_trainer"]["first_loss"]
     print(f"step-1 loss: app_sft {a:.6f}, hf_trainer {h:.6f}")
     assert abs(a - h) <= 1e-4 * abs(a)
+    # packing changes the layout, not the loss: the padded app step starts from the same loss
+    assert by["app_sft_padded"]["first_loss"] == pytest.approx(a, rel=1e-5)
     # the tiny preset has no warmup (round(0.1 * 4) = 0 steps): both schedules are the same
     # cosine, so all four steps agree; and Trainer.train() itself takes the driven steps
     assert by["hf_trainer"]["max_rel_loss_diff_vs_app_sft"] < 1e-4
