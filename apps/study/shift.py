@@ -92,10 +92,10 @@ def _difference_interval(p_fit: torch.Tensor, p_ref: torch.Tensor, y: torch.Tens
     return [float(lo), float(hi)]
 
 
-def _entry(fit: dict[str, Any], test: dict[str, Any], ds: str, n_bins: int) -> dict[str, Any]:
+def _entry(fit: dict[str, Any], test: dict[str, Any], row: str, ds: str, n_bins: int) -> dict[str, Any]:
     """One row of the screen: the temperature ``fit["t"]`` (fitted on ``fit["on"]`` under the
-    prompt ``fit["style"]``) applied to the untrained predictions of ``test`` on ``ds``."""
-    probs, y = test["predictions"][ds]
+    prompt ``fit["style"]``) applied to the predictions of ``row`` in cell ``test`` on ``ds``."""
+    probs, y = test["predictions"][row][ds]
     t_fit = fit["t"]
     t_opt = optimal_temperature(probs, y)
     p_cf, halves = cross_fitted(probs, y)
@@ -106,6 +106,7 @@ def _entry(fit: dict[str, Any], test: dict[str, Any], ds: str, n_bins: int) -> d
     if fit["style"] != test["style"]:
         shifts.append(f"format {fit['style']}→{test['style']}")
     return {
+        "model": row, "variant": test["variant"],
         "fit_on": fit["on"], "fit_style": fit["style"], "test_set": ds, "test_style": test["style"],
         "shift": ", ".join(shifts) or "none", "n": int(len(y)), "accuracy": accuracy(probs, y),
         "t_fit": t_fit, "t_opt": t_opt, "t_opt_halves": halves,
@@ -118,20 +119,30 @@ def _entry(fit: dict[str, Any], test: dict[str, Any], ds: str, n_bins: int) -> d
     }
 
 
-def _fits(cell: dict[str, Any]) -> list[dict[str, Any]]:
-    """The temperatures a cell offers: TS's, fitted on its in-domain calibration split, and each
-    test set's own T_opt (which, applied to another set, is a domain shift the other way)."""
-    out = [{"ts": True, "t": cell["temperature"], "set": "+".join(cell["in_domain"]), "style": cell["style"],
-            "on": f"{'+'.join(cell['in_domain'])} calibration split"}]
-    for ds, (probs, y) in cell["predictions"].items():
-        if ds not in cell["in_domain"]:  # an out-of-domain set fitted as if it were the domain
-            out.append({"ts": False, "t": optimal_temperature(probs, y), "set": ds, "style": cell["style"],
-                        "on": f"{ds} test (its T_opt)"})
+def _fits(cell: dict[str, Any], row: str) -> list[dict[str, Any]]:
+    """The temperatures a cell offers for ``row``. In domain (``domain``: applied to every other
+    set, and to the same model under the other prompt format): for the untrained row TS's own T,
+    fitted on the in-domain calibration split; for a trained row, which has no TS row, the
+    NLL-optimal T of the row on its in-domain test set (questions it did not train on). Out of
+    domain: each out-of-domain set's own T_opt (applied to another set: the domain shift the
+    other way)."""
+    out = []
+    domain = "+".join(cell["in_domain"])
+    if row == "none" and cell["temperature"] is not None:
+        out.append({"domain": True, "t": cell["temperature"], "set": domain, "style": cell["style"],
+                    "on": f"{domain} calibration split", "own": None})
+    for ds, (probs, y) in cell["predictions"][row].items():
+        inside = ds in cell["in_domain"]
+        if inside and out and out[0]["domain"]:
+            continue  # the untrained row's in-domain T is TS's
+        out.append({"domain": inside, "t": optimal_temperature(probs, y), "set": ds,
+                    "style": cell["style"], "on": f"{ds} test (its T_opt)", "own": ds})
     return out
 
 
 def _read(study: Study, root: Path, c: Cell) -> dict[str, Any]:
-    """A finished cell's T_fit, prompt style, in-domain sets and untrained predictions."""
+    """A finished cell's prompt style, in-domain sets, TS's T_fit (None without a TS row) and
+    the predictions of every row but TS's (row -> dataset -> (probs, labels))."""
     from safetensors.torch import load_file
 
     run_dir = root / c.name
@@ -139,47 +150,54 @@ def _read(study: Study, root: Path, c: Cell) -> dict[str, Any]:
     cross_check(run_dir, results)  # the metrics and predictions read here agree
     cfg = c.config(study)
     t = load_file(str(run_dir / "predictions.safetensors"))
-    temps = {r["temperature"] for r in results["ts"].values()}
-    if len(temps) != 1:
+    temps = {r["temperature"] for r in results.get("ts", {}).values()}
+    if len(temps) > 1:
         raise ValueError(f"{run_dir / 'metrics.json'}: TS rows disagree on the temperature {temps}")
-    return {"style": cfg.data.prompt_style, "in_domain": list(cfg.data.in_domain),
-            "temperature": temps.pop(),
-            "predictions": {ds: (t[f"none/{ds}/probs"].double(), t[f"none/{ds}/labels"])
-                            for ds in results["none"]}}
+    argv = c.argv(study)
+    if "--prompt-style" in argv:  # the model's key: its cell's options less the prompt format
+        i = argv.index("--prompt-style")
+        argv = argv[:i] + argv[i + 2:]
+    return {"variant": c.variant.name, "style": cfg.data.prompt_style, "model": tuple(argv),
+            "in_domain": list(cfg.data.in_domain), "temperature": temps.pop() if temps else None,
+            "predictions": {row: {ds: (t[f"{row}/{ds}/probs"].double(), t[f"{row}/{ds}/labels"])
+                                  for ds in per}
+                            for row, per in results.items() if row != "ts"}}
 
 
 def screen(study: Study, root: Path, *, n_bins: int = 10) -> list[dict[str, Any]]:
-    """Every row of the screen: TS's T_fit on each test set of its cell (in domain, and the
-    domain shift) and of every other finished cell with the same in-domain sets but another
-    prompt style (the format shift); and each out-of-domain set's T_opt on the in-domain test
-    set (the domain shift the other way)."""
+    """Every row of the screen, per model (each row but TS's of every finished cell): its
+    in-domain T on each other test set of its cell (the domain shift; TS's T also on the
+    in-domain test set) and on the same model's predictions under the other prompt format (a
+    cell whose options differ only in ``--prompt-style``: the format shift); and each
+    out-of-domain set's T_opt on the other sets (the domain shift the other way)."""
     read = [_read(study, root, c) for c in cells(study) if done(root / c.name, c)]
     if not read:
         raise ValueError(f"no finished cell of study {study.name} under {root}; run "
                          f"`python -m apps.study {study.name} --root {root}` first")
     rows = []
     for cell in read:
-        for fit in _fits(cell):
-            # TS: every set of the cell; a set's own T_opt: the other sets
-            rows += [_entry(fit, cell, ds, n_bins) for ds in cell["predictions"]
-                     if fit["ts"] or ds != fit["set"]]
-            if fit["ts"]:  # the format shift: the same fit on another cell's prompt format
-                rows += [_entry(fit, other, ds, n_bins) for other in read
-                         if other is not cell and other["in_domain"] == cell["in_domain"]
-                         and other["style"] != cell["style"] for ds in other["predictions"]]
+        for row in cell["predictions"]:
+            for fit in _fits(cell, row):
+                rows += [_entry(fit, cell, row, ds, n_bins) for ds in cell["predictions"][row]
+                         if ds != fit["own"] and (fit["domain"] or ds != fit["set"])]
+                if fit["domain"]:  # the format shift: the same model under another prompt format
+                    rows += [_entry(fit, other, row, ds, n_bins) for other in read
+                             if other is not cell and other["model"] == cell["model"]
+                             and other["style"] != cell["style"] and row in other["predictions"]
+                             for ds in other["predictions"][row]]
     return rows
 
 
 def markdown(rows: list[dict[str, Any]]) -> str:
     """The screen as a table (one row per fit/test pair)."""
-    head = ("| T fitted on | test set | shift | N | acc | T_fit | T_opt | NLL T_fit | NLL T_opt | "
+    head = ("| model | T fitted on | test set | shift | N | acc | T_fit | T_opt | NLL T_fit | NLL T_opt | "
             "ECE T=1 | ECE T_fit | ECE T_opt (in-sample) | ECE T_opt (cross-fit) | "
             "ECE T_fit − cross-fit [95 %] | verdict |")
-    lines = [head, "|" + "---|" * 15]
+    lines = [head, "|" + "---|" * 16]
     for r in rows:
         lo, hi = r["gap_ci"]
         lines.append(
-            f"| {r['fit_on']}, {r['fit_style']} | {r['test_set']} ({r['test_style']}) | {r['shift']} "
+            f"| {r['model']} ({r['variant']}) | {r['fit_on']}, {r['fit_style']} | {r['test_set']} ({r['test_style']}) | {r['shift']} "
             f"| {r['n']} | {r['accuracy']:.3f} | {r['t_fit']:.2f} | {r['t_opt']:.2f} | "
             f"{r['nll_t_fit']:.3f} | {r['nll_t_opt']:.3f} | "
             f"{r['ece_t1']:.3f} | {r['ece_t_fit']:.3f} | {r['ece_t_opt']:.3f} | "
