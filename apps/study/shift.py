@@ -2,11 +2,14 @@
 predictions, before any method is compared on them (issue 28; the CALM paper's premise is that
 a temperature fitted in domain fails out of domain).
 
-For a cell of ``ts-shift-screen`` (nothing trained: the model as given, scored in cloze mode)
-the TS row's ``temperature`` is T_fit, fitted on the in-domain calibration split. For every test
-set of that cell, and of each other cell with the same in-domain set but another prompt format
-(the format shift: T fitted under one prompt, applied to the model's answers under another),
-the screen reports, from the untrained row's saved probabilities p (N, K):
+Every row of a finished cell but TS's is a model screened (``none``: the model as given in
+``ts-shift-screen``; ``sft``: fine-tuned in ``ts-shift-trained``). Its T_fit is fitted in domain:
+for the untrained row, the TS row's ``temperature`` (fitted on the in-domain calibration split);
+for a trained row, which has no TS row of its own, the NLL-optimal temperature of the row on the
+in-domain test set (questions it did not train on; never applied to that set itself). For every
+other test set of that cell, and of each cell whose options differ only in the prompt format
+(the format shift: T fitted under one prompt, applied to the same model's answers under
+another), the screen reports, from the row's saved probabilities p (N, K):
 
 - T_opt, the temperature that minimizes NLL on the test set itself
   (``calibration.posthoc.fit_temperature`` on log p; the scaled probabilities are
@@ -24,6 +27,7 @@ model's uncertainty?" (TS degrading under shift). Cost: per (fit, test) pair thr
 fits on N questions and 2,000 conf-ECE evaluations of N questions.
 
     python -m apps.study.shift --root docs/results/ts-shift-screen   # writes shift.json/shift.md
+    python -m apps.study.shift --study ts-shift-trained --root runs/study-ts-shift-trained
 """
 
 from __future__ import annotations

@@ -134,7 +134,8 @@ def _trained_cell(root, name, t_in, t_ood, seed):
     on ARC-Easy at t_ood."""
     from apps.calm_llm import evaluate
 
-    preds = {"sft": {"sciq": _draw(3000, t_in, seed), "arc_easy": _draw(3000, t_ood, seed + 1)}}
+    preds = {"sft": {ds: (p.float(), y) for ds, (p, y) in  # float32, as a run saves them
+                     (("sciq", _draw(3000, t_in, seed)), ("arc_easy", _draw(3000, t_ood, seed + 1)))}}
     results = evaluate.evaluate_predictions(preds, {"sciq": "id", "arc_easy": "ood"}, n_bins=10, n_boot=0)
     evaluate.write_results(root / name, results, preds, n_bins=10, plots=False)
     (root / name / "config.json").write_text(json.dumps({"n_bins": 10}))
