@@ -13,7 +13,6 @@ import json
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
 from pathlib import Path
 
 from apps.calm_llm.config import Config, ConfigError, parse_args
@@ -64,22 +63,11 @@ def done(run_dir: Path, cell: Cell) -> bool:
     return results is not None and all(m in results for m in cell.variant.methods)
 
 
-def run(study: Study, root: Path, *, dry_run: bool = False, python: str = sys.executable,
-        catalogue: Mapping[str, Study] | None = None, roots: Mapping[str, Path] | None = None) -> int:
+def run(study: Study, root: Path, *, dry_run: bool = False, python: str = sys.executable) -> int:
     """Run every unfinished cell in order; one progress line per cell with the study's ETA.
-
-    With ``catalogue`` (the CLI passes ``STUDIES``), the split discipline is checked first
-    (``discipline.check``: no test question another study developed on, no development on
-    another study's test questions; ``roots`` says where other studies' cells are): a
-    ``DisciplineError`` stops the study before any cell runs, dry run included."""
+    (The CLI checks the split discipline first: ``discipline.check``.)"""
     todo = [c for c in cells(study) if not done(root / c.name, c)]
     est = {c.name: estimate_s(study, c) for c in todo}  # parses every cell: a bad one fails here
-    if catalogue is not None:
-        from apps.study.discipline import check
-
-        n = check(study, root, catalogue, roots=roots)
-        print(f"study {study.name}: split roles {study.roles}; questions checked against {n} "
-              f"(study, role) registries of the catalogue: no test question was used for development")
     if study.flops is not None:
         f = study.flops
         print(f"study {study.name}: {len(cells(study))} cells, {len(todo)} to run, estimated "

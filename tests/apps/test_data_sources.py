@@ -323,7 +323,7 @@ def test_open_qa_questions_as_offline_instruction_data(name, qa):
     """The CALM paper's instruction-style protocol: each open-QA question an instruction whose
     target is its first gold answer; usable by --instruction-data without a file."""
     from apps.calm_llm import config as C
-    from apps.calm_llm.data.open_qa import load_open_qa
+    from apps.calm_llm.data.open_qa import load_open_qa  # registers the instruction forms
 
     exs = load_source(name)
     golds = {e.id.split(":", 1)[1]: e for e in load_open_qa(qa)}

@@ -200,6 +200,12 @@ for _name, _qa in (("trivia_qa_sft", "trivia_qa"), ("nq_open_sft", "nq_open")):
         lambda _of=_of: _offline_rows(_of), "", "instruction", _of.licence))
 del _name, _qa, _of
 
+
+def offline_instruction_sources() -> tuple[str, ...]:
+    """The registered instruction sources that need no file or hub (an offline copy), such as
+    the open-QA questions as instructions above (``--instruction-data trivia_qa_sft``)."""
+    return tuple(n for n, s in SOURCES.items() if s.kind == "instruction" and s.offline is not None)
+
 # the columns each offline folder is read with (TriviaQA's rows also carry whole Wikipedia
 # pages and search results, which the no-context task never uses)
 _COLUMNS = {"trivia_qa": ["question", "question_id", "answer"], "nq_open": ["question", "answer"]}

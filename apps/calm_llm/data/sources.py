@@ -108,14 +108,6 @@ def source_names(kind: str = "mcqa") -> tuple[str, ...]:
     return tuple(n for n, s in SOURCES.items() if s.kind == kind)
 
 
-def offline_instruction_sources() -> tuple[str, ...]:
-    """The registered instruction sources that need no file or hub (an offline copy); the
-    open-QA questions as instructions (``trivia_qa_sft``, ``nq_open_sft``) are registered by
-    ``data.open_qa``, imported here so that the list is complete whoever asks first."""
-    from . import open_qa  # noqa: F401  (registers them)
-
-    return tuple(n for n, s in SOURCES.items() if s.kind == "instruction" and s.offline is not None)
-
 
 # ---- helpers ------------------------------------------------------------------------------
 def content_id(source: str, question: str, options: Iterable[str]) -> str:
@@ -589,8 +581,6 @@ def load_source(
     """
     if path is not None and hub is not None:
         raise DataError("pass at most one of path= and hub=")
-    from . import open_qa  # noqa: F401  (registers the open-QA sources and their instruction forms)
-
     info = SOURCES.get(name, None)
     if info is not None and info.kind == "open_qa":
         raise DataError(f"source {name!r} is an open-QA source (free-form answers): load it with "
