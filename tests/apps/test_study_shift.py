@@ -154,6 +154,11 @@ def test_a_trained_row_is_screened_with_its_in_domain_temperature(tmp_path):
     # T_fit: the row's own NLL-optimal T on the in-domain test set, never applied to that set
     assert fit["t_fit"] == pytest.approx(1.5, rel=0.1) and fit["t_opt"] == pytest.approx(4.0, rel=0.1)
     assert fit["verdict"] == "TS fails" and fit["shift"] == "domain sciq→arc_easy"
+    # in TS's own objective too: the NLL gap is the difference of the two NLLs, its interval above 0
+    assert fit["nll_gap"] == pytest.approx(fit["nll_t_fit"] - fit["nll_cross_fit"], abs=1e-12)
+    assert fit["nll_gap_ci"][0] > 0 and fit["nll_verdict"] == "TS fails"
+    chat = by[("sft_chat", "sciq test (its T_opt)", "chat", "arc_easy")]
+    assert chat["nll_gap_ci"][0] <= 0 <= chat["nll_gap_ci"][1] + 0.01
     assert ("sft_paper", "sciq test (its T_opt)", "paper", "sciq") not in by
     assert by[("sft_chat", "sciq test (its T_opt)", "chat", "arc_easy")]["verdict"] == "TS transfers"
     assert by[("instruct", "sciq test (its T_opt)", "chat", "arc_easy")]["verdict"] == "TS fails"
