@@ -169,3 +169,17 @@ def test_a_trained_row_is_screened_with_its_in_domain_temperature(tmp_path):
     # per cell: in-domain T on ARC-Easy, ARC-Easy's T on SciQ; 2 × 2 format rows
     assert len(rows) == 3 * 2 + 4
     assert "| sft (sft_paper) | sciq test (its T_opt), paper |" in shift.markdown(rows)
+
+
+def test_the_published_trained_screen_reproduces_from_its_raw_files():
+    """docs/results/ts-shift-trained/shift.json is what the screen computes from the committed
+    cells (docs/results.md, "After fine-tuning")."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2] / "docs" / "results" / "ts-shift-trained"
+    rows = shift.screen(S.STUDIES["ts-shift-trained"], root)
+    assert json.dumps(rows) == json.dumps(json.loads((root / "shift.json").read_text()))
+    # SciQ -> ARC-Easy transfers in ECE after SFT; ARC-Easy's T applied to SciQ does not
+    for r in rows:
+        reverse = r["fit_on"].startswith("arc_easy")
+        assert r["verdict"] == ("TS fails" if reverse else "TS transfers")
