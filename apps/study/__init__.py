@@ -18,6 +18,8 @@ The modules, in the order a study flows through them:
 
 - ``catalogue``: the named studies (``Study``, ``Variant``, ``Comparison``, ``FlopScale``);
 - ``runner``: a study's cells, each parsed by the run's own config parser, run in subprocesses;
+- ``discipline``: each study's split roles (training, development, final test), and the
+  refusal, before any cell runs, to test on questions another study developed on;
 - ``estimates``: what a cell costs (``--dry-run``);
 - ``questions``: a cell's question-level predictions read back (``Questions``);
 - ``integrity``: a finished cell's metrics.json recomputed from its predictions, and every
@@ -26,7 +28,8 @@ The modules, in the order a study flows through them:
   from ``calibration.stats``'s hierarchical bootstrap (seeds, then questions);
 - ``summary`` and ``report``: ``study.json`` and ``study.md``; ``dynamics``: BOME's λ, α's range;
 - ``publish``: the small files into ``docs/results/``; ``figures``: pooled diagrams and curves;
-- ``shift``: whether a temperature fitted in domain fails under a shift (``ts-shift-screen``).
+- ``shift``: whether a temperature fitted in domain fails under a shift (``ts-shift-screen``
+  untrained, ``ts-shift-trained`` fine-tuned).
 
 The summary reports, per variant and row, the mean ± standard deviation over seeds of each
 metric, the hierarchical bootstrap's 95 % interval of the calibration error (conf-ECE; open QA:

@@ -11,6 +11,7 @@ import apps.study as package
 from apps.lock import LockedError, locked
 from apps.study import figures
 from apps.study.catalogue import STUDIES, Study
+from apps.study.discipline import DisciplineError, check
 from apps.study.integrity import DamagedCell
 from apps.study.publish import publish
 from apps.study.runner import run
@@ -53,6 +54,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
     try:
         if a.dry_run:  # reads only
+            _check(study, root)
             return run(study, root, dry_run=True)
         # one process writes into a study root (and a publish destination) at a time: a second
         # study, summary or publish is refused naming the holder instead of mixing the files
@@ -62,9 +64,17 @@ def main(argv: list[str] | None = None) -> int:
                 if dest:
                     held.enter_context(locked(dest, what=f"destination of study {study.name}"))
             return _act(a, study, root)
-    except (LockedError, DamagedCell) as e:  # one line naming the folder or file and the fix
+    except (LockedError, DamagedCell, DisciplineError) as e:  # one line naming the folder or file and the fix
         print(f"python -m apps.study: {e}", file=sys.stderr)
         return 2
+
+
+def _check(study: Study, root: Path) -> None:
+    """The split discipline against the whole catalogue (``discipline.check``): a
+    ``DisciplineError`` names both studies, the splits, the shared count and the fix."""
+    n = check(study, root, STUDIES)
+    print(f"study {study.name}: split roles {study.roles}; questions checked against {n} "
+          f"(study, role) registries of the catalogue: no test question was used for development")
 
 
 def _act(a: argparse.Namespace, study: Study, root: Path) -> int:
@@ -87,6 +97,7 @@ def _act(a: argparse.Namespace, study: Study, root: Path) -> int:
         summarize(study, root, n_boot=a.n_boot)
         print((root / "study.md").read_text())
         return 0
+    _check(study, root)  # before any cell runs
     rc = run(study, root)
     summarize(study, root, n_boot=a.n_boot)
     return rc

@@ -64,7 +64,8 @@ def done(run_dir: Path, cell: Cell) -> bool:
 
 
 def run(study: Study, root: Path, *, dry_run: bool = False, python: str = sys.executable) -> int:
-    """Run every unfinished cell in order; one progress line per cell with the study's ETA."""
+    """Run every unfinished cell in order; one progress line per cell with the study's ETA.
+    (The CLI checks the split discipline first: ``discipline.check``.)"""
     todo = [c for c in cells(study) if not done(root / c.name, c)]
     est = {c.name: estimate_s(study, c) for c in todo}  # parses every cell: a bad one fails here
     if study.flops is not None:
@@ -75,7 +76,8 @@ def run(study: Study, root: Path, *, dry_run: bool = False, python: str = sys.ex
               f"({study.description})")
     else:
         print(f"study {study.name}: {len(cells(study))} cells, {len(todo)} to run, "
-              f"estimated {sum(est.values()) / 60:.0f} min ({study.description})")
+              f"estimated {sum(est.values()) / 60:.0f} min = {sum(est.values()) / 3600:.1f} h of "
+              f"the 2-core CPU machine ({study.description})")
     if dry_run:
         for c in cells(study):
             unit = (3600, "GPU-h") if study.flops is not None else (60, "min")

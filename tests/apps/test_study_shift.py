@@ -118,3 +118,68 @@ def test_the_published_screen_reproduces_from_its_raw_files():
     rows = shift.screen(S.STUDIES["ts-shift-screen"], root)
     assert json.dumps(rows) == json.dumps(json.loads((root / "shift.json").read_text()))
     assert all(r["verdict"] == "TS transfers" for r in rows) and len(rows) == 10
+
+
+TRAINED = S.Study(name="trained-fake", description="", seeds=(0,),
+                  common=("--split-seed", "0", "--in-domain", "sciq", "--out-of-domain", "arc_easy"),
+                  variants=(S.Variant("sft_paper", ("sft",), ("--prompt-style", "paper")),
+                            S.Variant("sft_chat", ("sft",), ("--prompt-style", "chat")),
+                            S.Variant("instruct", ("sft",), ("--prompt-style", "chat", "--instruction-data",
+                                                             "trivia_qa_sft"))),
+                  step_s={}, question_s=0.0, run_s=0.0, questions=0)
+
+
+def _trained_cell(root, name, t_in, t_ood, seed):
+    """A finished cell of a trained row only (no TS row): SFT's answers on SciQ drawn at t_in,
+    on ARC-Easy at t_ood."""
+    from apps.calm_llm import evaluate
+
+    preds = {"sft": {ds: (p.float(), y) for ds, (p, y) in  # float32, as a run saves them
+                     (("sciq", _draw(3000, t_in, seed)), ("arc_easy", _draw(3000, t_ood, seed + 1)))}}
+    results = evaluate.evaluate_predictions(preds, {"sciq": "id", "arc_easy": "ood"}, n_bins=10, n_boot=0)
+    evaluate.write_results(root / name, results, preds, n_bins=10, plots=False)
+    (root / name / "config.json").write_text(json.dumps({"n_bins": 10}))
+
+
+def test_a_trained_row_is_screened_with_its_in_domain_temperature(tmp_path):
+    # SFT under the paper prompt: ARC-Easy needs T 4 where SciQ needs 1.5 (TS fails); under the
+    # chat template both need 1.5; the instruction-trained model needs 0.8 on ARC-Easy
+    _trained_cell(tmp_path, "sft_paper-seed0", 1.5, 4.0, seed=30)
+    _trained_cell(tmp_path, "sft_chat-seed0", 1.5, 1.5, seed=40)
+    _trained_cell(tmp_path, "instruct-seed0", 1.5, 0.8, seed=50)
+    rows = shift.screen(TRAINED, tmp_path)
+    assert {r["model"] for r in rows} == {"sft"}
+    by = {(r["variant"], r["fit_on"], r["fit_style"], r["test_set"]): r for r in rows}
+    fit = by[("sft_paper", "sciq test (its T_opt)", "paper", "arc_easy")]
+    # T_fit: the row's own NLL-optimal T on the in-domain test set, never applied to that set
+    assert fit["t_fit"] == pytest.approx(1.5, rel=0.1) and fit["t_opt"] == pytest.approx(4.0, rel=0.1)
+    assert fit["verdict"] == "TS fails" and fit["shift"] == "domain sciq→arc_easy"
+    # in TS's own objective too: the NLL gap is the difference of the two NLLs, its interval above 0
+    assert fit["nll_gap"] == pytest.approx(fit["nll_t_fit"] - fit["nll_cross_fit"], abs=1e-12)
+    assert fit["nll_gap_ci"][0] > 0 and fit["nll_verdict"] == "TS fails"
+    chat = by[("sft_chat", "sciq test (its T_opt)", "chat", "arc_easy")]
+    assert chat["nll_gap_ci"][0] <= 0 <= chat["nll_gap_ci"][1] + 0.01
+    assert ("sft_paper", "sciq test (its T_opt)", "paper", "sciq") not in by
+    assert by[("sft_chat", "sciq test (its T_opt)", "chat", "arc_easy")]["verdict"] == "TS transfers"
+    assert by[("instruct", "sciq test (its T_opt)", "chat", "arc_easy")]["verdict"] == "TS fails"
+    # the format shift pairs only cells that differ in the prompt alone: paper SFT <-> chat SFT,
+    # never SFT <-> the instruction-trained model
+    fmt = [r for r in rows if "format" in r["shift"]]
+    assert {(r["fit_style"], r["variant"]) for r in fmt} == {("paper", "sft_chat"), ("chat", "sft_paper")}
+    # per cell: in-domain T on ARC-Easy, ARC-Easy's T on SciQ; 2 × 2 format rows
+    assert len(rows) == 3 * 2 + 4
+    assert "| sft (sft_paper) | sciq test (its T_opt), paper |" in shift.markdown(rows)
+
+
+def test_the_published_trained_screen_reproduces_from_its_raw_files():
+    """docs/results/ts-shift-trained/shift.json is what the screen computes from the committed
+    cells (docs/results.md, "After fine-tuning")."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2] / "docs" / "results" / "ts-shift-trained"
+    rows = shift.screen(S.STUDIES["ts-shift-trained"], root)
+    assert json.dumps(rows) == json.dumps(json.loads((root / "shift.json").read_text()))
+    # SciQ -> ARC-Easy transfers in ECE after SFT; ARC-Easy's T applied to SciQ does not
+    for r in rows:
+        reverse = r["fit_on"].startswith("arc_easy")
+        assert r["verdict"] == ("TS fails" if reverse else "TS transfers")

@@ -166,9 +166,12 @@ def _check_data(cfg: Config) -> None:
         )
     if d.instruction_data:
         _check(
-            d.instruction_data in files or d.instruction_data in hub,
+            d.instruction_data in files or d.instruction_data in hub
+            # a registered instruction source with an offline copy (e.g. trivia_qa_sft)
+            or d.instruction_data in open_qa.offline_instruction_sources(),
             f"--instruction-data {d.instruction_data!r}: give its file with --data-files "
-            f"{d.instruction_data}=PATH or its hub name with --data-hub",
+            f"{d.instruction_data}=PATH or its hub name with --data-hub, or name an offline "
+            f"instruction source: {list(open_qa.offline_instruction_sources())}",
         )
     _check(d.n_calib >= 2, "--n-calib: need at least 2 calibration questions")
     _check(d.n_test >= 1, "--n-test: need at least 1 test question per in-domain source")

