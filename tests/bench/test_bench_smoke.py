@@ -152,3 +152,35 @@ def test_warm_start_counts_fewer_cg_iterations_for_the_same_hypergradient():
     assert len(r["cold"]) == len(r["warm"]) == 3
     assert r["warm"][0] == r["cold"][0] and sum(r["warm"]) < sum(r["cold"])
     assert r["max_rel_diff"] < 1e-5 and r["breakdowns"] == (0, 0)
+
+
+@pytest.mark.slow
+def test_peers_quick_runs_every_library_on_the_same_problems(tmp_path):
+    """bench.peers --quick: bilevel runs every (problem, method) and matches the independent
+    float64 oracle; a peer that is installed either agrees with bilevel where both implement
+    the same rule (ITD-SGD, MAML, convex AID-CG) or its record carries the evidence."""
+    from bench import peers
+
+    stem = tmp_path / "peers"
+    peers.main(["--quick", "--no-timing", "--out", str(stem)])
+    records = json.loads(stem.with_suffix(".json").read_text())["records"]
+    ran = [r for r in records if "metric" in r]
+    cases = {(r["problem"], r["method"]) for r in ran if r["library"] == "bilevel"}
+    assert cases == {(p, m) for p in ("hyper_cleaning/linear", "hyper_cleaning/mlp", "l2_hpo")
+                     for m in ("ITD-SGD", "ITD-Adam", "AID-CG")} | {("sinusoid", "MAML")}
+    for r in ran:
+        assert r["time_ratio"] is None  # --no-timing: no clock, nothing timed or asserted
+        assert r["error"] or (r["steps_done"] == r["steps"] and r["first_step_rel_error"] is not None)
+        assert all(math.isfinite(v) for v in r["metric"].values()) or r["error"]
+        if r["library"] == "bilevel":
+            assert not r["error"] and r["first_step_rel_error"] == 0.0
+            if r.get("oracle") == "fd":  # the exact unrolled derivative, to float32 rounding
+                assert r["oracle_rel_error"] < 1e-3, r
+        same_rule = r["method"] in ("ITD-SGD", "MAML") or (
+            r["method"] == "AID-CG" and r["problem"] == "l2_hpo")
+        if r["library"] in ("torchopt", "higher") and same_rule:
+            assert not r["error"] and r["first_step_rel_error"] < 1e-4, r
+    skipped = [r for r in records if "metric" not in r]
+    assert all(r["error"].startswith(("skipped: ", "build: ")) for r in skipped)
+    text = stem.with_suffix(".md").read_text()
+    assert "| problem | method | library |" in text and "float64 oracle" in text
