@@ -15,6 +15,7 @@ Each peer is driven the way its own documentation and examples use it:
 - higher 0.2: ``innerloop_ctx`` with a differentiable ``torch.optim.SGD`` / ``Adam``.
 - betty-ml 0.1.1: ``betty.hypergradient.get_grads`` with its ``cg`` on the stand-in problems
   of bench/libs/betty_lib.py (its engine is not used; the T inner steps are by hand).
+- BOAT (boat-torch 1.1.1): its ``Problem`` API with NGD + RAD or CG (bench/libs/boat_lib.py).
 
 Peers are imported only inside these functions: bench/ and tests are their only users.
 """
@@ -273,10 +274,17 @@ def betty_hypergrad(spec: Spec, method: str) -> Hypergrad:
     return run
 
 
+def _boat(spec: Spec, method: str) -> Hypergrad:
+    from .libs.boat_lib import boat_hypergrad  # imports this module: loaded on first use
+
+    return boat_hypergrad(spec, method)
+
+
 # library -> (methods it has, builder); "bilevel" is the reference every ratio divides by.
 LIBRARIES: dict[str, tuple[tuple[str, ...], Callable[[Spec, str], Hypergrad]]] = {
     "bilevel": (METHODS, bilevel_hypergrad),
     "torchopt": (("ITD-SGD", "ITD-Adam", "AID-CG", "MAML"), torchopt_hypergrad),
     "higher": (("ITD-SGD", "ITD-Adam", "MAML"), higher_hypergrad),
     "betty": (("AID-CG",), betty_hypergrad),
+    "boat": (("ITD-SGD", "AID-CG"), _boat),
 }
