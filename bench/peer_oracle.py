@@ -6,6 +6,8 @@ library compared (bilevel included): they decide which of two disagreeing result
   a central difference, D_u F ≈ (F(α + εu) − F(α − εu)) / 2ε, against ⟨h, u⟩ for a library's
   hypergradient h, along a fixed random unit u and along ĥ = h/‖h‖ (so a wrong length or a
   wrong direction both show). Error O(ε²) + float64 rounding / ε, far below float32's.
+- V-PBGD: its α direction ∇_α f(α, θ) + γ (∇_α g(α, θ) − ∇_α g(α, θ^(T))) in float64 by plain
+  autograd (explicit first-order terms: "explicit").
 - AID-CG where θ has ≤ ``DENSE_MAX`` entries: the implicit hypergradient at θ^(T) by a dense
   float64 solve, h* = ∇_α f − ∇²_{αθ} g · H⁻¹ ∇_θ f with H = ∇²_{θθ} g formed column by
   column (CG with K iterations approximates it; a large gap is a wrong solve or an early
@@ -120,17 +122,44 @@ def dense_implicit(spec64: Spec) -> torch.Tensor | None:
     return torch.cat([(d - m).reshape(-1) for d, m in zip(direct, mixed)])
 
 
+def penalty_direction(spec64: Spec) -> torch.Tensor:
+    """V-PBGD's first α direction at the initial (α, θ), θ^(T) by T plain gradient steps."""
+    alpha0, theta0 = spec64.init()
+    alpha = {k: v.detach().requires_grad_(True) for k, v in alpha0.items()}
+    theta = {k: v.detach() for k, v in theta0.items()}
+    theta_T = _inner_steps(spec64, "ITD-SGD", alpha, theta)
+    upper_batch, lower_batch = spec64.batches
+    leaves = list(alpha.values())
+
+    def d_alpha(value: torch.Tensor) -> list[torch.Tensor]:
+        if not value.requires_grad:  # f that does not read α (hyper-cleaning, L2)
+            return [torch.zeros_like(a) for a in leaves]
+        got = torch.autograd.grad(value, leaves, allow_unused=True)
+        return [g if g is not None else torch.zeros_like(a) for g, a in zip(got, leaves)]
+
+    f_a = d_alpha(spec64.problem.upper(alpha, theta, upper_batch))
+    g_a = d_alpha(spec64.problem.lower(alpha, theta, lower_batch))
+    g_a_T = d_alpha(spec64.problem.lower(alpha, theta_T, lower_batch))
+    return torch.cat([(f + spec64.gamma * (g - gT)).reshape(-1)
+                      for f, g, gT in zip(f_a, g_a, g_a_T)])
+
+
 def oracle_errors(spec64: Spec, method: str, firsts: dict[str, list[torch.Tensor]]) -> dict[str, Any]:
-    """Per library: ``{"oracle": kind, "oracle_rel_error": value}`` (kind "fd" or "dense"),
+    """Per library: ``{"oracle": kind, "oracle_rel_error": value}`` (kind "fd", "dense" or
+    "explicit"),
     plus ``oracle_own_rule_rel_error`` for higher's Adam (see :func:`_inner_steps`)."""
     out: dict[str, Any] = {}
-    ref = dense_implicit(spec64) if method == "AID-CG" else None
+    ref, kind = None, {"AID-CG": "dense", "V-PBGD": "explicit"}.get(method)
+    if kind == "dense":
+        ref = dense_implicit(spec64)
+    elif kind == "explicit":
+        ref = penalty_direction(spec64)
     for library, grads in firsts.items():
-        if method == "AID-CG":
+        if kind is not None:
             if ref is None:
                 continue
             got = torch.cat([g.detach().double().reshape(-1) for g in grads])
-            out[library] = {"oracle": "dense", "oracle_rel_error": float((got - ref).norm() / ref.norm())}
+            out[library] = {"oracle": kind, "oracle_rel_error": float((got - ref).norm() / ref.norm())}
         else:
             out[library] = {"oracle": "fd", "oracle_rel_error": fd_check(spec64, method, grads)}
             if library == "higher" and method == "ITD-Adam":

@@ -34,7 +34,7 @@ import bilevel
 
 Grads = tuple[list[torch.Tensor], list[torch.Tensor] | None]
 Hypergrad = Callable[["State"], Grads]
-METHODS = ("ITD-SGD", "ITD-Adam", "AID-CG", "MAML")
+METHODS = ("ITD-SGD", "ITD-Adam", "AID-CG", "MAML", "V-PBGD")
 
 
 @dataclass(frozen=True)
@@ -42,7 +42,8 @@ class Spec:
     """One classic problem with one method's settings: what every library gets.
 
     ``init()`` returns fresh ``(α, θ)`` dicts of leaf tensors, the same values on every call.
-    ``task_loss`` is set for meta-learning (``bilevel.meta_problem``'s per-task loss; θ then
+    ``gamma`` is V-PBGD's penalty γ (constant); its θ step size is ``inner_lr / gamma``, as in
+    the examples (the θ direction ∇f + γ∇g scales with γ). ``task_loss`` is set for meta-learning (``bilevel.meta_problem``'s per-task loss; θ then
     carries a leading task dimension and ``batches`` are (query, support)).
     """
 
@@ -53,6 +54,7 @@ class Spec:
     inner_steps: int
     inner_lr: float
     cg_iters: int = 20
+    gamma: float = 10.0
     task_loss: Callable[[dict, Any], torch.Tensor] | None = None
 
 
@@ -113,6 +115,7 @@ def bilevel_hypergrad(spec: Spec, method: str) -> Hypergrad:
         "ITD-Adam": lambda: bilevel.ITD(T, lr, inner_optimizer=bilevel.Adam()),
         "AID-CG": lambda: bilevel.AID(T, lr, bilevel.linalg.CG(maxiter=spec.cg_iters)),
         "MAML": lambda: bilevel.MAML(T, lr),
+        "V-PBGD": lambda: bilevel.VPBGD(T, lr, gamma=spec.gamma),
     }
     solver = solvers[method]()
     upper_batch, lower_batch = spec.batches
@@ -121,7 +124,12 @@ def bilevel_hypergrad(spec: Spec, method: str) -> Hypergrad:
         r = solver.step(
             spec.problem, state.alpha, state.theta, upper_batch=upper_batch, lower_batch=lower_batch
         )
-        return [r.outer_grad[k] for k in state.alpha], [r.inner_solution[k] for k in state.theta]
+        if method == "V-PBGD":  # a joint direction: θ takes its SGD step of size β/γ
+            step = spec.inner_lr / spec.gamma
+            theta = [state.theta[k].detach() - step * r.inner_grad[k] for k in state.theta]
+        else:
+            theta = [r.inner_solution[k] for k in state.theta]
+        return [r.outer_grad[k] for k in state.alpha], theta
 
     return run
 
@@ -286,5 +294,5 @@ LIBRARIES: dict[str, tuple[tuple[str, ...], Callable[[Spec, str], Hypergrad]]] =
     "torchopt": (("ITD-SGD", "ITD-Adam", "AID-CG", "MAML"), torchopt_hypergrad),
     "higher": (("ITD-SGD", "ITD-Adam", "MAML"), higher_hypergrad),
     "betty": (("AID-CG",), betty_hypergrad),
-    "boat": (("ITD-SGD", "AID-CG"), _boat),
+    "boat": (("ITD-SGD", "AID-CG", "V-PBGD"), _boat),
 }

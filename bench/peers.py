@@ -11,7 +11,8 @@ Problems (built from the examples' own data, models and initializations):
 
 Methods (bench/peer_steps.py): ITD-SGD and ITD-Adam (T unrolled SGD / Adam steps, θ warm-
 started at θ^(T)), AID-CG (T graph-free steps, then implicit differentiation with at most K
-CG iterations), MAML (T steps from α). For each (problem, method) every library that has the
+CG iterations), MAML (T steps from α), V-PBGD (first order: γ = 10, θ^(T) by T steps, θ takes
+an SGD step of β/γ along ∇f + γ∇g, as in the examples). For each (problem, method) every library that has the
 method runs the SAME problem: same data, initialization, outer Adam step size, T, inner step
 size and K, for the same number of outer steps, all in one process. Recorded per library:
 
@@ -87,7 +88,7 @@ def hyper_cleaning(kind: str, quick: bool, seed: int, dtype: torch.dtype) -> Cas
     common = {"problem": problem, "init": init, "batches": (None, None), "outer_lr": 0.1}
     specs = {
         m: Spec(**common, inner_steps=10, inner_lr=0.05 if m == "ITD-Adam" else hc.INNER_LR)
-        for m in ("ITD-SGD", "ITD-Adam", "AID-CG")
+        for m in ("ITD-SGD", "ITD-Adam", "AID-CG", "V-PBGD")
     }
     return Case(specs, metric, 4 if quick else 400)
 
@@ -116,7 +117,7 @@ def l2_hpo(quick: bool, seed: int, dtype: torch.dtype) -> Case:
     specs = {
         m: Spec(**common, inner_steps=ex.INNER_STEPS, cg_iters=40,
                 inner_lr=0.01 if m == "ITD-Adam" else ex.INNER_LR)
-        for m in ("ITD-SGD", "ITD-Adam", "AID-CG")
+        for m in ("ITD-SGD", "ITD-Adam", "AID-CG", "V-PBGD")
     }
     return Case(specs, metric, 4 if quick else 300)
 
@@ -255,7 +256,7 @@ def records_for(
 
 def version(library: str) -> str:
     """The installed version of ``library`` (betty and BOAT as their distributions name them)."""
-    dist = {"bilevel": "calm-bilevel", "betty": "betty-ml"}.get(library, library)
+    dist = {"bilevel": "calm-bilevel", "betty": "betty-ml", "boat": "boat-torch"}.get(library, library)
     try:
         return importlib.metadata.version(dist)
     except importlib.metadata.PackageNotFoundError:

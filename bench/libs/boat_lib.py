@@ -1,7 +1,11 @@
 """BOAT (``boat-torch`` 1.1.1 on PyPI) on the classic problems of bench/peers.py, through its own
 ``boat_torch.Problem`` API: ``gm_op=["NGD"]`` (T differentiable steps of the lower-level
 optimizer, wrapped by ``higher``) with ``na_op=["RAD"]`` (reverse mode through them: ITD) or
-``na_op=["CG"]`` (implicit differentiation with K CG iterations on the fixed-point map).
+``na_op=["CG"]`` (implicit differentiation with K CG iterations on the fixed-point map), and
+its first-order ``fo_op="PGDO"`` (V-PBGD, Shen & Chen 2023) beside ``bilevel.VPBGD``. PGDO
+keeps its ŷ (the T-step estimate of θ*(α)) as a separate model carried across outer steps;
+``bilevel.VPBGD`` restarts θ^(T) from θ at every step: the same first step, then a different
+warm start.
 
 boat-torch declares ``torch``, ``torchvision`` and ``numpy<=1.26.4``: installing it with its
 dependencies replaces the project's torch (pip resolved torch 2.14.1 with CUDA wheels here). It
@@ -30,7 +34,7 @@ from torch import nn
 
 from ..peer_steps import Grads, Holder, Hypergrad, Spec, State
 
-_OPS = {"ITD-SGD": ["RAD"], "AID-CG": ["CG"]}
+_OPS = {"ITD-SGD": ["RAD"], "AID-CG": ["CG"]}  # V-PBGD: its first-order "PGDO" (fo_op)
 
 
 def unavailable() -> str | None:
@@ -65,8 +69,13 @@ def upper_loss(feed: dict, ul_model: nn.Module, ll_model: nn.Module, params: Any
 
 
 def _config(spec: Spec, method: str, ul: Holder, ll: Holder, log: str) -> dict[str, Any]:
+    penalty = method == "V-PBGD"
     return {
-        "fo_op": None, "gm_op": ["NGD"], "na_op": _OPS[method],
+        "fo_op": "PGDO" if penalty else None, "gm_op": None if penalty else ["NGD"],
+        "na_op": None if penalty else _OPS[method],
+        # PGDO = V-PBGD (Shen & Chen 2023): ŷ by T SGD steps of size β, γ constant ("difference")
+        "PGDO": {"y_hat_lr": spec.inner_lr, "gamma_init": spec.gamma, "gamma_max": spec.gamma,
+                 "gamma_argmax_step": 1, "update_y_ahead": False, "penalty": "difference"},
         "lower_level_model": ll, "upper_level_model": ul,
         "lower_level_var": list(ll.parameters()), "upper_level_var": list(ul.parameters()),
         "lower_level_opt": torch.optim.SGD(ll.parameters(), lr=spec.inner_lr),
@@ -105,6 +114,10 @@ def boat_hypergrad(spec: Spec, method: str) -> Hypergrad:
         for p in ul.parameters():
             p.grad = None
         grads, _ = problem.run_iter(feeds[1], feeds[0], current_iter=0)
+        if method == "V-PBGD":
+            # PGDO multiplies its whole loss by min(1/γ, 1) (so θ's SGD step is β/γ, as in
+            # bilevel's setup); the α direction is scaled back for the comparison
+            grads = [g * max(spec.gamma, 1.0) for g in grads]
         # copy_last_param wrote θ^(T) into ll's parameters (replacing their .data, so no
         # longer state.theta's storage): handed back for the shared θ update
         return [g.detach().clone() for g in grads], [p.detach() for p in ll.parameters()]
