@@ -45,7 +45,7 @@ import bilevel
 
 from . import harness, libs
 from .peer_oracle import oracle_errors
-from .peer_steps import LIBRARIES, Hypergrad, Spec, State
+from .peer_steps import LIBRARIES, Hypergrad, Spec, State, bilevel_hypergrad
 
 PROBLEMS = ("hyper_cleaning/linear", "hyper_cleaning/mlp", "l2_hpo", "sinusoid")
 Metric = Callable[[State], dict[str, float]]
@@ -254,8 +254,27 @@ def records_for(
     return out
 
 
+def float64_record(
+    problem: str, method: str, spec64: Spec, first32: list[torch.Tensor] | None
+) -> dict[str, Any]:
+    """bilevel's first step in float64: its distance to the float32 one measures how much
+    rounding the problem amplifies (a peer cannot be judged closer than that), and its oracle
+    error shows the method itself is right where float32 cannot tell."""
+    h64, _ = bilevel_hypergrad(spec64, method)(State(spec64))
+    oracle = oracle_errors(spec64, method, {"bilevel": h64}).get("bilevel", {})
+    rel = None
+    if first32 is not None:
+        rel = harness.rel_error(torch.cat([g.reshape(-1) for g in first32]),
+                                torch.cat([g.reshape(-1) for g in h64]))
+    return {"problem": problem, "method": method, "library": "bilevel@float64",
+            "version": version("bilevel"), "steps_done": 1, "steps": 1,
+            "first_step_rel_error": rel, **oracle, "seconds_median": None, "time_ratio": None,
+            "metric": {}, "error": ""}
+
+
 def version(library: str) -> str:
     """The installed version of ``library`` (betty and BOAT as their distributions name them)."""
+    library = library.split("@")[0]
     dist = {"bilevel": "calm-bilevel", "betty": "betty-ml", "boat": "boat-torch"}.get(library, library)
     try:
         return importlib.metadata.version(dist)
@@ -278,13 +297,17 @@ def render(records: list[dict[str, Any]], meta: dict[str, Any]) -> str:
         for r in records
     ]
     timing = "round-robin, median per outer step" if meta["timing"] else "not measured (--no-timing)"
+    if meta.get("steps_override"):
+        timing += f"; every problem run for {meta['steps_override']} outer step(s) only (--steps)"
     return (f"# Peers on the classic problems ({meta['mode']})\n\n"
             f"Timing: {timing}. Environment: {meta['env']}.\n\n"
             + harness.markdown_table(head, rows) + "\n\n" + LEGEND)
 
 
 LEGEND = """\
-Columns: the first outer step's hypergradient (same α, θ for every library) against bilevel's,
+Columns: the first outer step's hypergradient (same α, θ for every library) against bilevel's
+(`bilevel@float64`: bilevel's own first step in float64, against its float32 one: the rounding
+the problem amplifies),
 and against a float64 oracle independent of all libraries (fd: max over a random direction and
 the hypergradient's own of |⟨h, u⟩ − central difference of F(α) = f(α, θ_T(α))| / |·|; dense:
 the implicit hypergradient at θ^(T) by a dense solve, which CG with K iterations approximates).
@@ -310,6 +333,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--no-timing", action="store_true", help="same loop, no clock")
     parser.add_argument("--problems", nargs="+", choices=PROBLEMS, default=list(PROBLEMS))
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--steps", type=int, default=None,
+                        help="outer steps for every problem (default: the examples' counts); "
+                             "1 = the first-step agreement alone")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", type=Path, default=None, help="output stem (.json and .md)")
     return parser
@@ -320,11 +346,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     torch.set_num_threads(args.threads)
     out = args.out or harness.RESULTS / f"peers{'_quick' if args.quick else ''}"
+    if args.steps is not None and args.steps < 1:
+        raise SystemExit(f"--steps must be ≥ 1, got {args.steps}; 1 runs the agreement step alone")
     meta = {"mode": "quick" if args.quick else "full", "timing": not args.no_timing,
+            "steps_override": args.steps,
             "seed": args.seed, "env": harness.environment(torch.device("cpu"))}
     rec = harness.Recorder(out.with_suffix(".json"), meta)
     for problem in args.problems:
         case = build_case(problem, args.quick, args.seed)
+        case.steps = args.steps or case.steps
         case64 = build_case(problem, args.quick, args.seed, torch.float64)
         for method, spec in case.specs.items():
             print(f"{problem} {method}", flush=True)
@@ -334,6 +364,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             oracle = oracle_errors(case64.specs[method], method, firsts)
             for record in records_for(problem, method, case, runners, times, oracle):
                 rec.add(record)
+            rec.add(float64_record(problem, method, case64.specs[method], firsts.get("bilevel")))
             for s in skipped:
                 rec.add({"problem": problem, "method": method, "steps": case.steps, **s})
     text = render(rec.records, meta)

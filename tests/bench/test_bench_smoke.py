@@ -174,8 +174,11 @@ def test_peers_quick_runs_every_library_on_the_same_problems(tmp_path):
         assert all(math.isfinite(v) for v in r["metric"].values()) or r["error"]
         if r["library"] == "bilevel":
             assert not r["error"] and r["first_step_rel_error"] == 0.0
-            if r.get("oracle") in ("fd", "explicit"):  # exact, to float32 rounding
-                assert r["oracle_rel_error"] < 1e-3, r
+        if r["library"] == "bilevel@float64" and r["method"] != "AID-CG":
+            # float32 vs float64 (an unconverged CG amplifies rounding to ~4e-2: not asserted)
+            assert r["first_step_rel_error"] < 1e-3, r
+        if r["library"].startswith("bilevel") and r.get("oracle") in ("fd", "explicit"):
+            assert r["oracle_rel_error"] < 1e-3, r  # exact, to rounding
         same_rule = r["method"] in ("ITD-SGD", "MAML", "V-PBGD") or (
             r["method"] == "AID-CG" and r["problem"] == "l2_hpo")
         if r["library"] in ("torchopt", "higher", "boat") and same_rule:
