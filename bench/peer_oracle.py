@@ -157,7 +157,7 @@ def penalty_direction(spec64: Spec) -> torch.Tensor:
 def oracle_errors(spec64: Spec, method: str, firsts: dict[str, list[torch.Tensor]]) -> dict[str, Any]:
     """Per library: ``{"oracle": kind, "oracle_rel_error": value}`` (kind "fd", "dense" or
     "explicit"),
-    plus ``oracle_own_rule_rel_error`` for higher's Adam (see :func:`_inner_steps`)."""
+    plus ``oracle_own_rule_rel_error`` for higher's (and BOAT's) Adam (:func:`_inner_steps`)."""
     out: dict[str, Any] = {}
     ref, kind = None, {"AID-CG": "dense", "V-PBGD": "explicit"}.get(method)
     if kind == "dense":
@@ -172,8 +172,9 @@ def oracle_errors(spec64: Spec, method: str, firsts: dict[str, list[torch.Tensor
             out[library] = {"oracle": kind, "oracle_rel_error": float((got - ref).norm() / ref.norm())}
         else:
             out[library] = {"oracle": "fd", "oracle_rel_error": fd_check(spec64, method, grads)}
-            if library == "higher" and method == "ITD-Adam":
-                # higher unrolls a different Adam (ε/√(1−β₂ᵗ)): checked against its own rule too
+            if library in ("higher", "boat") and method == "ITD-Adam":
+                # higher (and BOAT, through higher) unroll a different Adam (ε/√(1−β₂ᵗ)):
+                # checked against that rule too
                 own = fd_check(spec64, method, grads, eps_scaled=True)
                 out[library]["oracle_own_rule_rel_error"] = own
     return out

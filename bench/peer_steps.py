@@ -294,5 +294,5 @@ LIBRARIES: dict[str, tuple[tuple[str, ...], Callable[[Spec, str], Hypergrad]]] =
     "torchopt": (("ITD-SGD", "ITD-Adam", "AID-CG", "MAML"), torchopt_hypergrad),
     "higher": (("ITD-SGD", "ITD-Adam", "MAML"), higher_hypergrad),
     "betty": (("AID-CG",), betty_hypergrad),
-    "boat": (("ITD-SGD", "AID-CG", "V-PBGD"), _boat),
+    "boat": (("ITD-SGD", "ITD-Adam", "AID-CG", "V-PBGD"), _boat),
 }

@@ -1,6 +1,7 @@
 """BOAT (``boat-torch`` 1.1.1 on PyPI) on the classic problems of bench/peers.py, through its own
 ``boat_torch.Problem`` API: ``gm_op=["NGD"]`` (T differentiable steps of the lower-level
-optimizer, wrapped by ``higher``) with ``na_op=["RAD"]`` (reverse mode through them: ITD) or
+optimizer, wrapped by ``higher``: SGD, or Adam for ITD-Adam) with ``na_op=["RAD"]`` (reverse
+mode through them: ITD) or
 ``na_op=["CG"]`` (implicit differentiation with K CG iterations on the fixed-point map), and
 its first-order ``fo_op="PGDO"`` (V-PBGD, Shen & Chen 2023) beside ``bilevel.VPBGD``. PGDO
 keeps its ŷ (the T-step estimate of θ*(α)) as a separate model carried across outer steps;
@@ -34,7 +35,7 @@ from torch import nn
 
 from ..peer_steps import Grads, Holder, Hypergrad, Spec, State
 
-_OPS = {"ITD-SGD": ["RAD"], "AID-CG": ["CG"]}  # V-PBGD: its first-order "PGDO" (fo_op)
+_OPS = {"ITD-SGD": ["RAD"], "ITD-Adam": ["RAD"], "AID-CG": ["CG"]}  # V-PBGD: "PGDO" (fo_op)
 
 
 def unavailable() -> str | None:
@@ -78,7 +79,10 @@ def _config(spec: Spec, method: str, ul: Holder, ll: Holder, log: str) -> dict[s
                  "gamma_argmax_step": 1, "update_y_ahead": False, "penalty": "difference"},
         "lower_level_model": ll, "upper_level_model": ul,
         "lower_level_var": list(ll.parameters()), "upper_level_var": list(ul.parameters()),
-        "lower_level_opt": torch.optim.SGD(ll.parameters(), lr=spec.inner_lr),
+        # NGD unrolls this optimizer through higher (ITD-Adam: higher's differentiable Adam)
+        "lower_level_opt": (torch.optim.Adam(ll.parameters(), lr=spec.inner_lr)
+                            if method == "ITD-Adam" else
+                            torch.optim.SGD(ll.parameters(), lr=spec.inner_lr)),
         # unused with return_grad=True: the shared outer Adam step is applied instead
         "upper_level_opt": torch.optim.Adam(ul.parameters(), lr=spec.outer_lr),
         "lower_iters": spec.inner_steps, "device": "cpu",

@@ -187,3 +187,21 @@ def test_peers_quick_runs_every_library_on_the_same_problems(tmp_path):
     assert all(r["error"].startswith(("skipped: ", "build: ")) for r in skipped)
     text = stem.with_suffix(".md").read_text()
     assert "| problem | method | library |" in text and "float64 oracle" in text
+
+
+@pytest.mark.slow
+def test_peers_timed_round_robin_records_ratios_to_bilevel(tmp_path):
+    """The timed path: every library's steps 2.. through harness.time_alternating; the ratio's
+    shape is checked (bilevel's own is 1), never its value."""
+    from bench import peers
+
+    stem = tmp_path / "peers_timed"
+    peers.main(["--quick", "--problems", "l2_hpo", "--steps", "3", "--out", str(stem)])
+    records = json.loads(stem.with_suffix(".json").read_text())["records"]
+    timed = [r for r in records if r.get("seconds_median") is not None]
+    assert {r["method"] for r in timed if r["library"] == "bilevel"} == {
+        "ITD-SGD", "ITD-Adam", "AID-CG", "V-PBGD"}
+    for r in timed:
+        _has_a_timing(r)
+        assert r["steps_done"] == 3 and r["time_ratio"] > 0
+        assert r["library"] != "bilevel" or r["time_ratio"] == 1.0
