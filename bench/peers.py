@@ -272,6 +272,31 @@ def float64_record(
             "metric": {}, "error": ""}
 
 
+def drift(problem: str, method: str, steps: int, seed: int = 0) -> list[dict[str, Any]]:
+    """How far rounding alone moves a run: every library's float32 α after k outer steps
+    against bilevel's float64 run of the same problem (relative distance), at k = 1, 10, 50,
+    100, 200, 500 up to ``steps``. Explains final-metric gaps between libraries whose first
+    steps agree: a non-convex run amplifies float32 rounding step after step."""
+    case32, case64 = build_case(problem, False, seed), build_case(problem, False, seed, torch.float64)
+    runners, _ = runners_for(case32.specs[method], method)
+    spec64 = case64.specs[method]
+    ref = Runner("bilevel@float64", bilevel_hypergrad(spec64, method), State(spec64))
+
+    def flat(r: Runner) -> torch.Tensor:
+        return torch.cat([v.detach().double().reshape(-1) for v in r.state.alpha.values()])
+
+    rows = []
+    for k in range(1, steps + 1):
+        for r in [*runners, ref]:
+            r.step()
+        if k in (1, 10, 50, 100, 200, 500) or k == steps:
+            a64 = flat(ref)
+            rows.append({"step": k, **{r.library: float((flat(r) - a64).norm() / a64.norm())
+                                       for r in runners if not r.error}})
+            print(rows[-1], flush=True)
+    return rows
+
+
 def version(library: str) -> str:
     """The installed version of ``library`` (betty and BOAT as their distributions name them)."""
     library = library.split("@")[0]
@@ -338,6 +363,9 @@ def _parser() -> argparse.ArgumentParser:
                              "1 = the first-step agreement alone")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", type=Path, default=None, help="output stem (.json and .md)")
+    parser.add_argument("--drift", type=int, default=None, metavar="STEPS",
+                        help="instead: each library's float32 α against bilevel's float64 run "
+                             "over STEPS outer steps, first problem and its first method")
     return parser
 
 
@@ -345,6 +373,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Every problem × method × library; writes the JSON and the Markdown table."""
     args = _parser().parse_args(argv)
     torch.set_num_threads(args.threads)
+    if args.drift is not None:
+        problem = args.problems[0]
+        method = next(iter(build_case(problem, True, args.seed).specs))
+        rows = drift(problem, method, args.drift, args.seed)
+        out = args.out or harness.RESULTS / "peers_drift"
+        out.with_suffix(".md").write_text(
+            f"# Rounding drift: {problem} {method}, relative ‖α − α_bilevel,float64‖\n\n"
+            + harness.markdown_table(list(rows[0]), [[harness.fmt(v) for v in r.values()]
+                                                     for r in rows]) + "\n")
+        return 0
     out = args.out or harness.RESULTS / f"peers{'_quick' if args.quick else ''}"
     if args.steps is not None and args.steps < 1:
         raise SystemExit(f"--steps must be ≥ 1, got {args.steps}; 1 runs the agreement step alone")

@@ -205,3 +205,16 @@ def test_peers_timed_round_robin_records_ratios_to_bilevel(tmp_path):
         _has_a_timing(r)
         assert r["steps_done"] == 3 and r["time_ratio"] > 0
         assert r["library"] != "bilevel" or r["time_ratio"] == 1.0
+
+
+def test_peers_drift_stays_at_rounding_on_the_convex_problem(tmp_path):
+    """--drift: on the convex L2 problem every library's float32 α stays within float32
+    rounding of bilevel's float64 run (the non-convex MAML drift is docs/bilevel.md's)."""
+    from bench import peers
+
+    stem = tmp_path / "drift"
+    rows = peers.drift("l2_hpo", "ITD-SGD", 2)
+    assert [r["step"] for r in rows] == [1, 2] and "bilevel" in rows[0]
+    assert all(0 <= v < 1e-4 for r in rows for k, v in r.items() if k != "step"), rows
+    peers.main(["--drift", "2", "--problems", "l2_hpo", "--out", str(stem)])
+    assert "| step | bilevel |" in stem.with_suffix(".md").read_text()
