@@ -16,6 +16,7 @@ _MODULES = {
     "torchopt": "torchopt_lib",
     "higher": "higher_lib",
     "betty": "betty_lib",
+    "boat": "boat_lib",  # bench/peers.py only (bench/hypergrad.py iterates LIBRARIES)
 }
 
 

@@ -222,3 +222,66 @@ def test_the_trainer_peer_refuses_an_optimizer_it_cannot_match():
     cfg = training.app_config("tiny", {"train": {"optimizer": "adam"}}, steps=4)
     with pytest.raises(ValueError, match="train.optimizer 'adam'.*adamw"):
         training.HFTrainerStep(cfg, lambda: None)
+def test_peers_quick_runs_every_library_on_the_same_problems(tmp_path):
+    """bench.peers --quick: bilevel runs every (problem, method) and matches the independent
+    float64 oracle; a peer that is installed either agrees with bilevel where both implement
+    the same rule (ITD-SGD, MAML, convex AID-CG) or its record carries the evidence."""
+    from bench import peers
+
+    stem = tmp_path / "peers"
+    peers.main(["--quick", "--no-timing", "--out", str(stem)])
+    records = json.loads(stem.with_suffix(".json").read_text())["records"]
+    ran = [r for r in records if "metric" in r]
+    cases = {(r["problem"], r["method"]) for r in ran if r["library"] == "bilevel"}
+    assert cases == {(p, m) for p in ("hyper_cleaning/linear", "hyper_cleaning/mlp", "l2_hpo")
+                     for m in ("ITD-SGD", "ITD-Adam", "AID-CG", "V-PBGD")} | {("sinusoid", "MAML")}
+    for r in ran:
+        assert r["time_ratio"] is None  # --no-timing: no clock, nothing timed or asserted
+        assert r["error"] or (r["steps_done"] == r["steps"] and r["first_step_rel_error"] is not None)
+        assert all(math.isfinite(v) for v in r["metric"].values()) or r["error"]
+        if r["library"] == "bilevel":
+            assert not r["error"] and r["first_step_rel_error"] == 0.0
+        if r["library"] == "bilevel@float64" and r["method"] != "AID-CG":
+            # float32 vs float64 (an unconverged CG amplifies rounding to ~4e-2: not asserted)
+            assert r["first_step_rel_error"] < 1e-3, r
+        if r["library"].startswith("bilevel") and r.get("oracle") in ("fd", "explicit"):
+            assert r["oracle_rel_error"] < 1e-3, r  # exact, to rounding
+        same_rule = r["method"] in ("ITD-SGD", "MAML", "V-PBGD") or (
+            r["method"] == "AID-CG" and r["problem"] == "l2_hpo")
+        if r["library"] in ("torchopt", "higher", "boat") and same_rule:
+            assert not r["error"] and r["first_step_rel_error"] < 1e-4, r
+    skipped = [r for r in records if "metric" not in r]
+    assert all(r["error"].startswith(("skipped: ", "build: ")) for r in skipped)
+    text = stem.with_suffix(".md").read_text()
+    assert "| problem | method | library |" in text and "float64 oracle" in text
+
+
+@pytest.mark.slow
+def test_peers_timed_round_robin_records_ratios_to_bilevel(tmp_path):
+    """The timed path: every library's steps 2.. through harness.time_alternating; the ratio's
+    shape is checked (bilevel's own is 1), never its value."""
+    from bench import peers
+
+    stem = tmp_path / "peers_timed"
+    peers.main(["--quick", "--problems", "l2_hpo", "--steps", "3", "--out", str(stem)])
+    records = json.loads(stem.with_suffix(".json").read_text())["records"]
+    timed = [r for r in records if r.get("seconds_median") is not None]
+    assert {r["method"] for r in timed if r["library"] == "bilevel"} == {
+        "ITD-SGD", "ITD-Adam", "AID-CG", "V-PBGD"}
+    for r in timed:
+        _has_a_timing(r)
+        assert r["steps_done"] == 3 and r["time_ratio"] > 0
+        assert r["library"] != "bilevel" or r["time_ratio"] == 1.0
+
+
+def test_peers_drift_stays_at_rounding_on_the_convex_problem(tmp_path):
+    """--drift: on the convex L2 problem every library's float32 α stays within float32
+    rounding of bilevel's float64 run (the non-convex MAML drift is docs/bilevel.md's)."""
+    from bench import peers
+
+    stem = tmp_path / "drift"
+    rows = peers.drift("l2_hpo", "ITD-SGD", 2)
+    assert [r["step"] for r in rows] == [1, 2] and "bilevel" in rows[0]
+    assert all(0 <= v < 1e-4 for r in rows for k, v in r.items() if k != "step"), rows
+    peers.main(["--drift", "2", "--problems", "l2_hpo", "--out", str(stem)])
+    assert "| step | bilevel |" in stem.with_suffix(".md").read_text()
