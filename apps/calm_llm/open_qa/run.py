@@ -118,6 +118,9 @@ class OpenQAEval:
     init_lora: dict[str, torch.Tensor]
     backend: semantic.ClusterBackend
     judge: LLMJudge | None = None  # --match judge
+    # `gold_token_logits` of the model at ``init_lora``: every row that does not train (none,
+    # ts) has that model, so one forward over the calibration split serves them all
+    untrained_calib: tuple[torch.Tensor, torch.Tensor] | None = None
 
 
 def run(cfg: Config) -> dict[str, Any]:
@@ -228,7 +231,11 @@ def run_method(state: OpenQARun, ev: OpenQAEval, info: method_registry.MethodInf
                      resume=bool(state.cfg.resume))
     # the trained model's gold-answer logits on the calibration split: the ts fit and every
     # pass's calib_nll read them (α and 1/T act after the model, so one forward serves all)
-    calib = gold_token_logits(ctx, ctx.calib_examples)
+    untrained = not info.trains and at_init(ev)
+    calib = ev.untrained_calib if untrained else None
+    if calib is None:
+        calib = gold_token_logits(ctx, ctx.calib_examples)
+        ev.untrained_calib = calib if untrained else ev.untrained_calib
     method.after_training(lambda _examples: calib)
     passes = [(row, contextlib.nullcontext())]
     if info.trains and info.learns_alpha and state.cfg.calm.eval_without_alpha \
@@ -243,6 +250,14 @@ def run_method(state: OpenQARun, ev: OpenQAEval, info: method_registry.MethodInf
     accs = ", ".join(f"{ds} acc {r['accuracy']:.3f} sem-ECE {r['semantic_ece']:.3f}"
                      for ds, r in state.results[row].items())
     log(f"[{row}] done in {time.time() - t0:.0f}s: {accs}", state.dist)
+
+
+def at_init(ev: OpenQAEval) -> bool:
+    """Whether the model's trained tensors are still ``ev.init_lora`` (a method that trains
+    nothing could still have loaded others: then its logits are its own)."""
+    now = ev.ctx.lm.inner()
+    return now.keys() == ev.init_lora.keys() and all(
+        torch.equal(now[k], v) for k, v in ev.init_lora.items())
 
 
 def evaluate_pass(state: OpenQARun, ev: OpenQAEval, method: Method, name: str,
