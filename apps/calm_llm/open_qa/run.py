@@ -309,13 +309,11 @@ def answer_questions(ev: OpenQAEval, method: Method, es: EvalSet, desc: str) -> 
     # the seed of a set does not depend on which methods ran before it: a resumed run samples
     # exactly what the uninterrupted one would have
     seed = ctx.cfg.seed + zlib.crc32(es.name.encode()) % 100_000
-    samples = sampling.sample_answers(
+    # samples and greedy answers from one prompt forward per batch (bit-identical to two passes)
+    samples, greedy = sampling.sample_and_greedy(
         lm, prompts, n=q.n_samples, temperature=q.sample_temperature, top_p=q.top_p,
         max_new_tokens=q.max_new_tokens, seed=seed, processors=procs,
-        batch_size=q.gen_batch_size, desc=f"{desc} sampling")
-    greedy = sampling.greedy_answers(lm, prompts, max_new_tokens=q.max_new_tokens,
-                                     processors=procs, batch_size=q.gen_batch_size,
-                                     desc=f"{desc} greedy")
+        batch_size=q.gen_batch_size, desc=f"{desc} sampling+greedy")
     replies: list[str | None] = [None] * len(prompts)
     if q.verbalized:
         vprompts = [prompt_text(collator, VERBALIZED.format(question=e.question, answer=g.text))
