@@ -279,8 +279,9 @@ class Config:
     device: str = opt("auto", "'auto' (cuda when available), 'cpu', 'cuda', 'cuda:1', ...")
     threads: int = opt(
         0,
-        "torch CPU threads (intra- and inter-op) set at run start; 0 = one per CPU this process "
-        "may use. On a machine shared with other busy work fewer threads slow less "
+        "torch CPU threads (intra- and inter-op), set by python -m apps.calm_llm at start; 0 = "
+        "one per CPU this process may use. On a machine shared with other busy work fewer "
+        "threads slow less "
         "(docs/performance.md, 'Under contention'); the OpenMP wait policy is PASSIVE unless "
         "OMP_WAIT_POLICY is exported",
     )
