@@ -194,7 +194,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     args = parse(argv)
     out = args.out or harness.RESULTS / ("contention_quick" if args.quick else "contention")
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    from apps.calm_llm.threads import usable_cpus
+
+    cpus = usable_cpus()
     meta = {"env": harness.environment(torch.device("cpu")), "cpus": cpus, "quick": args.quick,
             "loadavg": list(os.getloadavg()), "steps": args.steps, "repeats": args.repeats}
     cells = [(t, p, ld) for ld in args.loads for p in args.policies for t in args.threads]

@@ -5,9 +5,9 @@ Two settings decide how a CPU run behaves when it shares the cores with other wo
 
 * **threads** — torch's intra-op pool (``torch.set_num_threads``; OpenMP, MKL and oneDNN follow
   it) and its inter-op pool (``torch.set_num_interop_threads``). ``--threads N`` sets both to N;
-  ``--threads 0`` (the default) takes `default_threads`: one per CPU this process may run on
-  (``os.sched_getaffinity``, which respects ``taskset``/cgroup CPU sets where ``os.cpu_count``
-  does not).
+  ``--threads 0`` (the default) leaves torch's own choice: ``OMP_NUM_THREADS`` when exported
+  (so a caller that pins it, a test suite or a job scheduler, keeps control), else one per CPU
+  the process may run on.
 * **OMP_WAIT_POLICY** — what an OpenMP worker does between two parallel regions: ``ACTIVE``
   spins (a contended core is then shared with a thread doing nothing useful, and a region waits
   for its slowest thread), ``PASSIVE`` sleeps at once (a futex wake per region). libgomp, the
@@ -52,14 +52,9 @@ def usable_cpus() -> int:
     return max(1, os.cpu_count() or 1)
 
 
-def default_threads() -> int:
-    """``--threads 0``: one thread per usable CPU."""
-    return usable_cpus()
-
-
 def apply_threads(threads: int) -> tuple[int, int]:
-    """Set torch's intra-op and inter-op threads to ``threads`` (0: `default_threads`); returns
-    (intra, inter) as torch reports them after.
+    """Set torch's intra-op and inter-op threads to ``threads`` (0: leave torch's own, which
+    is ``OMP_NUM_THREADS`` or one per CPU); returns (intra, inter) as torch reports them after.
 
     The inter-op pool can be sized only before its first use in the process (torch raises
     otherwise): a second run in the same process keeps the size the first one set, since that
@@ -69,7 +64,9 @@ def apply_threads(threads: int) -> tuple[int, int]:
 
     if threads < 0:
         raise ValueError(f"threads must be >= 0 (0 = one per usable CPU), got {threads}")
-    n = threads or default_threads()
+    if threads == 0:
+        return torch.get_num_threads(), torch.get_num_interop_threads()
+    n = threads
     torch.set_num_threads(n)
     if torch.get_num_interop_threads() != n:
         try:

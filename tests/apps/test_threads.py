@@ -31,11 +31,12 @@ def test_negative_threads_is_refused_naming_the_flag():
         threads.apply_threads(-1)
 
 
-def test_apply_threads_sets_torch_and_zero_means_every_usable_cpu():
+def test_apply_threads_sets_torch_and_zero_leaves_torch_alone():
     before = torch.get_num_threads()
     try:
         assert threads.apply_threads(1)[0] == 1 and torch.get_num_threads() == 1
-        assert threads.apply_threads(0)[0] == threads.usable_cpus()
+        torch.set_num_threads(2)  # what OMP_NUM_THREADS or the caller chose stays
+        assert threads.apply_threads(0)[0] == 2 and torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(before)
     if hasattr(os, "sched_getaffinity"):

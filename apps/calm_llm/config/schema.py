@@ -280,8 +280,8 @@ class Config:
     threads: int = opt(
         0,
         "torch CPU threads (intra- and inter-op), set by python -m apps.calm_llm at start; 0 = "
-        "one per CPU this process may use. On a machine shared with other busy work fewer "
-        "threads slow less "
+        "torch's own (OMP_NUM_THREADS if exported, else one per CPU). On a machine shared with "
+        "other busy work fewer threads slow less "
         "(docs/performance.md, 'Under contention'); the OpenMP wait policy is PASSIVE unless "
         "OMP_WAIT_POLICY is exported",
     )
