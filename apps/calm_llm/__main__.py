@@ -17,7 +17,13 @@ import warnings
 from pathlib import Path
 
 from ..errors import CalmError, ConfigError, PluginError
-from .config import parse_args
+from .config import parse_args  # torch-free, like everything imported above
+from .threads import apply_threads, set_wait_policy
+
+# libgomp reads OMP_WAIT_POLICY once, when torch loads it: set before the first torch import
+# (the imports above load no torch), so idle OpenMP workers sleep instead of spinning on cores
+# that another process needs (docs/performance.md, "Under contention")
+set_wait_policy()
 
 
 def _with_resume_config(argv: list[str]) -> list[str]:
@@ -49,6 +55,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     from .train import run  # heavy imports only after the config is valid
+
+    apply_threads(cfg.threads)
 
     # transformers 5 deprecates a name that peft still calls on every LoRA load: noise, not news
     warnings.filterwarnings(

@@ -213,9 +213,20 @@ class Decoded:
     token_logprobs: list[list[float]] | None = None
 
 
+def prefill(lm: Any, ids: torch.Tensor, mask: torch.Tensor) -> tuple[Any, torch.Tensor]:
+    """The prompts' forward (B, L): (their KV cache, next-token logits (B, V) in float32).
+
+    What `decode` starts from; computed once, it can start several decodes of the same prompts
+    (`sample_and_greedy`): the same inputs give the same bits, so sharing changes no answer."""
+    out = lm.model(input_ids=ids, attention_mask=mask, position_ids=position_ids(mask),
+                   use_cache=True, logits_to_keep=1)
+    return getattr(out, lm._cache_kwarg), out.logits[:, -1].float()
+
+
 def decode(
     lm: Any, ids: torch.Tensor, mask: torch.Tensor, *, n: int, processors: LogitsProcessorList,
     do_sample: bool, max_new_tokens: int, stop: torch.Tensor, logprobs: bool = False,
+    start: tuple[Any, torch.Tensor] | None = None,
 ) -> Decoded:
     """n continuations of each of B left-padded prompts (B, L), finished rows leaving the batch.
 
@@ -223,14 +234,13 @@ def decode(
     scores = processors(ids so far (R_t, L + t), logits (R_t, V) in float32), then a draw
     ``multinomial(softmax(scores))`` (``do_sample``) or ``argmax``; a row whose token is in
     ``stop`` (V,) is done. Cost ∝ Σ_t R_t rather than ``generate``'s B·n × (longest answer).
-    Call under ``no_grad`` in eval mode (the callers do).
+    ``start``: the `prefill` of these prompts, if already computed (its cache is consumed: it
+    grows and is repeated in place). Call under ``no_grad`` in eval mode (the callers do).
     """
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     model, key = lm.model, lm._cache_kwarg
-    out = model(input_ids=ids, attention_mask=mask, position_ids=position_ids(mask),
-                use_cache=True, logits_to_keep=1)
-    cache, logits = getattr(out, key), out.logits[:, -1].float()
+    cache, logits = start if start is not None else prefill(lm, ids, mask)
     if n > 1:  # the prompt is computed once per question, its cache shared by the n samples
         cache.batch_repeat_interleave(n)
         logits, ids, mask = (x.repeat_interleave(n, 0) for x in (logits, ids, mask))
@@ -306,9 +316,21 @@ def sample_answers(
             else:
                 gen = generate_batch(lm, ids, mask, n=n, config=config, processors=plist,
                                      share_prompt=False, stop=stop).sequences[:, ids.shape[1]:]
-            texts = lm.tokenizer.batch_decode(gen, skip_special_tokens=True)
-            out.extend([answer_text(t) for t in texts[i:i + n]] for i in range(0, len(texts), n))
+            out.extend(_sample_texts(lm, gen, n))
     return out
+
+
+def _sample_texts(lm: Any, gen: Any, n: int) -> list[list[str]]:
+    """Generated ids (B·n rows, grouped by prompt) → the n answers of each prompt."""
+    texts = lm.tokenizer.batch_decode(gen, skip_special_tokens=True)
+    return [[answer_text(t) for t in texts[i:i + n]] for i in range(0, len(texts), n)]
+
+
+def _greedy_texts(lm: Any, res: Decoded) -> list[GreedyAnswer]:
+    """A greedy `decode` (n = 1, with log-probabilities) → one `GreedyAnswer` per prompt."""
+    return [GreedyAnswer(text=answer_text(lm.tokenizer.decode(tok, skip_special_tokens=True)),
+                         token_logprobs=lp, token_ids=tok)
+            for tok, lp in zip(res.token_ids, res.token_logprobs or [])]
 
 
 def greedy_answers(
@@ -324,9 +346,44 @@ def greedy_answers(
     with lm.mode(False), torch.no_grad():
         for lo in _batches(len(encoded), batch_size, desc):
             ids, mask = left_pad(encoded[lo:lo + batch_size], pad, lm.device)
-            res = decode(lm, ids, mask, n=1, processors=plist, do_sample=False,
-                         max_new_tokens=max_new_tokens, stop=stop, logprobs=True)
-            for tok, lp in zip(res.token_ids, res.token_logprobs or []):
-                text = lm.tokenizer.decode(tok, skip_special_tokens=True)
-                out.append(GreedyAnswer(text=answer_text(text), token_logprobs=lp, token_ids=tok))
+            out.extend(_greedy_texts(lm, decode(lm, ids, mask, n=1, processors=plist,
+                                                do_sample=False, max_new_tokens=max_new_tokens,
+                                                stop=stop, logprobs=True)))
     return out
+
+
+def sample_and_greedy(
+    lm: Any, prompts: list[str], *, n: int, temperature: float, top_p: float, max_new_tokens: int,
+    seed: int, processors: list | None = None, batch_size: int = 8, desc: str = "answers",
+) -> tuple[list[list[str]], list[GreedyAnswer]]:
+    """``(sample_answers(...), greedy_answers(...))`` of the same prompts, equal to the two calls
+    bit for bit, with each batch's prompts computed once instead of twice.
+
+    Per batch of ``batch_size`` prompts: one `prefill`, a copy of its cache kept for the greedy
+    `decode` (the sampling decode repeats and grows the cache in place), then the n-sample and
+    the greedy decode from it. The samples' random stream is `sample_answers`'s (seeded once
+    in a fork of the global RNG, consumed batch after batch; the greedy decode draws nothing,
+    and the model in eval mode neither). Saves the greedy pass's prompt forward: B·L prompt
+    tokens per batch, for the memory of one more B-row cache.
+    """
+    if n < 1:
+        raise ValueError(f"n must be >= 1, got {n}")
+    encoded = encode_prompts(lm.tokenizer, prompts)
+    sampled, greedy = processor_list(processors, temperature, top_p), processor_list(processors)
+    stop, pad = stop_mask(lm), _pad_id(lm.tokenizer)
+    samples: list[list[str]] = []
+    answers: list[GreedyAnswer] = []
+    devices = [lm.device] if lm.device.type == "cuda" else []
+    with lm.mode(False), torch.no_grad(), torch.random.fork_rng(devices=devices):
+        torch.manual_seed(seed)
+        for lo in _batches(len(encoded), batch_size, desc):
+            ids, mask = left_pad(encoded[lo:lo + batch_size], pad, lm.device)
+            cache, logits = prefill(lm, ids, mask)
+            kept = (copy.deepcopy(cache), logits.clone())
+            gen = decode(lm, ids, mask, n=n, processors=sampled, do_sample=True,
+                         max_new_tokens=max_new_tokens, stop=stop, start=(cache, logits))
+            samples.extend(_sample_texts(lm, gen.token_ids, n))
+            answers.extend(_greedy_texts(lm, decode(lm, ids, mask, n=1, processors=greedy,
+                                                    do_sample=False, max_new_tokens=max_new_tokens,
+                                                    stop=stop, logprobs=True, start=kept)))
+    return samples, answers

@@ -205,3 +205,18 @@ def test_greedy_counts_the_newline_token_and_stops(lm):
 def test_answer_text():
     assert S.answer_text("  Paris.\nQuestion: next") == "Paris."
     assert S.answer_text("no newline ") == "no newline"
+
+
+@pytest.mark.parametrize("batch_size", [1, 2, 8])
+def test_sample_and_greedy_equals_the_two_passes_bit_for_bit(lm, batch_size):
+    """One prompt forward per batch for both decodes changes no sample, greedy token or
+    log-probability (the calibration processor included), and leaves the caller's RNG alone."""
+    from apps.calm_llm.methods.ts import ScoreTemperature
+
+    kw = dict(max_new_tokens=5, processors=[ScoreTemperature(1.7)], batch_size=batch_size)
+    state = torch.random.get_rng_state()
+    samples, greedy = S.sample_and_greedy(lm, PROMPTS, n=4, temperature=0.7, top_p=0.9, seed=11, **kw)
+    assert torch.equal(torch.random.get_rng_state(), state)
+    assert samples == S.sample_answers(lm, PROMPTS, n=4, temperature=0.7, top_p=0.9, seed=11, **kw)
+    assert greedy == S.greedy_answers(lm, PROMPTS, **kw)  # texts, ids and float logprobs: ==
+    assert len(samples) == len(greedy) == len(PROMPTS) and all(len(s) == 4 for s in samples)

@@ -285,3 +285,35 @@ def test_peers_drift_stays_at_rounding_on_the_convex_problem(tmp_path):
     assert all(0 <= v < 1e-4 for r in rows for k, v in r.items() if k != "step"), rows
     peers.main(["--drift", "2", "--problems", "l2_hpo", "--out", str(stem)])
     assert "| step | bilevel |" in stem.with_suffix(".md").read_text()
+def test_contention_quick(tmp_path):
+    """bench.contention --quick on the tiny model, one thread count, one policy, two loads: the
+    records and tables are written with every field (no timing is asserted)."""
+    from bench import contention
+
+    stem = tmp_path / "contention"
+    out = contention.main(["--quick", "--threads", "1", "--policies", "passive",
+                           "--loads", "none", "busy", "--steps", "2", "--out", str(stem)])
+    saved = json.loads(stem.with_suffix(".json").read_text())
+    assert saved["records"] == out["records"]
+    assert [(r["threads"], r["policy"], r["load"]) for r in out["records"]] == [
+        (1, "passive", "none"), (1, "passive", "busy")]
+    for r in out["records"]:
+        assert len(r["step_seconds"]) == 2 and r["s_per_step"] > 0 and r["run_cpu_s"] > 0
+        assert math.isfinite(r["slowdown"]) and math.isfinite(r["vs_best"])
+        k = {"none": 0, "busy": 1}[r["load"]]
+        assert r["fair"] == contention.fair_slowdown(1, k, out["meta"]["cpus"])
+    assert out["records"][0]["slowdown"] == 1.0
+    assert [p["policy"] for p in out["idle_probe"]] == ["passive"]
+    text = stem.with_suffix(".md").read_text()
+    assert "| threads | OMP_WAIT_POLICY | load |" in text and "idle CPU s" in text
+
+
+def test_contention_fair_slowdown():
+    """The fair-share bound: min(t, C) / min(t, C·t/(t + k))."""
+    from bench.contention import fair_slowdown
+
+    assert fair_slowdown(2, 0, 2) == 1.0
+    assert fair_slowdown(2, 1, 2) == 1.5  # 2 threads beside a busy loop get 4/3 of 2 CPUs
+    assert fair_slowdown(2, 2, 2) == 2.0  # beside a 2-thread twin: one CPU each
+    assert fair_slowdown(1, 1, 2) == 1.0 and fair_slowdown(1, 1, 1) == 2.0
+    assert fair_slowdown(4, 1, 16) == 1.0  # plenty of CPUs: nothing to share

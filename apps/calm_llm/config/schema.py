@@ -285,6 +285,14 @@ class Config:
         "compare seeds of training on the same questions",
     )
     device: str = opt("auto", "'auto' (cuda when available), 'cpu', 'cuda', 'cuda:1', ...")
+    threads: int = opt(
+        0,
+        "torch CPU threads (intra- and inter-op), set by python -m apps.calm_llm at start; 0 = "
+        "torch's own (OMP_NUM_THREADS if exported, else one per CPU). On a machine shared with "
+        "other busy work fewer threads slow less "
+        "(docs/performance.md, 'Under contention'); the OpenMP wait policy is PASSIVE unless "
+        "OMP_WAIT_POLICY is exported",
+    )
     fsdp: bool = opt(
         False,
         "under accelerate launch/torchrun, shard the frozen base weights over the processes "
@@ -378,9 +386,11 @@ class Config:
 
 
 # top-level options that do not change results (`Config.comparable` leaves them out)
-# (``plugins`` only makes names available: the ``--methods`` that use them are compared)
+# (``plugins`` only makes names available: the ``--methods`` that use them are compared;
+# ``threads`` changes the order of float sums only, and in the hash it would move every saved
+# run's hash: a resume on a busier or larger machine may pick another count)
 RUN_ONLY = ("out", "resume", "force_resume", "checkpoint_every", "fsdp", "report_to", "zero_shot",
-            "plugins")
+            "plugins", "threads")
 
 
 # options read only when metrics are computed from predictions: a resume may change them

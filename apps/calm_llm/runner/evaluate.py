@@ -124,8 +124,12 @@ def evaluate_open_qa(state: RunState, ev: Evaluation, info: method_registry.Meth
     """Fit on the trained model's gold-answer logits of the calibration split (``ts``: T), then
     answer every evaluation set in each of the method's `passes`, writing after each pass."""
     # α and 1/T act after the model, so one forward of the calibration split serves the fit
-    # and every pass's calib_nll
-    calib = gold_token_logits(ctx, ctx.calib_examples)
+    # and every pass's calib_nll; the rows that train nothing share the untrained model's
+    untrained = not info.trains and ev.at_init()
+    calib = ev.untrained_calib if untrained else None
+    if calib is None:
+        calib = gold_token_logits(ctx, ctx.calib_examples)
+        ev.untrained_calib = calib if untrained else ev.untrained_calib
     method.after_training(lambda _examples: calib)
     for name, scope in passes(state, info, method, row):
         with scope:
@@ -187,13 +191,11 @@ def answer_questions(ev: Evaluation, method: Method, es: EvalSet, desc: str) -> 
     # the seed of a set does not depend on which methods ran before it: a resumed run samples
     # exactly what the uninterrupted one would have
     seed = ctx.cfg.seed + zlib.crc32(es.name.encode()) % 100_000
-    samples = sampling.sample_answers(
+    # samples and greedy answers from one prompt forward per batch (bit-identical to two passes)
+    samples, greedy = sampling.sample_and_greedy(
         lm, prompts, n=q.n_samples, temperature=q.sample_temperature, top_p=q.top_p,
         max_new_tokens=q.max_new_tokens, seed=seed, processors=procs,
-        batch_size=q.gen_batch_size, desc=f"{desc} sampling")
-    greedy = sampling.greedy_answers(lm, prompts, max_new_tokens=q.max_new_tokens,
-                                     processors=procs, batch_size=q.gen_batch_size,
-                                     desc=f"{desc} greedy")
+        batch_size=q.gen_batch_size, desc=f"{desc} sampling+greedy")
     replies: list[str | None] = [None] * len(prompts)
     if q.verbalized:
         vprompts = [prompt_text(collator, VERBALIZED.format(question=e.question, answer=g.text))

@@ -45,12 +45,22 @@ class Evaluation:
     base_cache: dict[str, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
     backend: semantic.ClusterBackend | None = None
     judge: Any = None  # open_qa.judge.LLMJudge under --match judge
+    # open QA: the untrained model's gold-answer logits on the calibration split (every row
+    # that trains nothing has that model, so one forward serves them all)
+    untrained_calib: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def base_logits(self, es: EvalSet, method: Method) -> tuple[torch.Tensor, torch.Tensor]:
         """(N, K) option logits and (N,) labels of the untrained model on ``es`` (cached)."""
         if es.name not in self.base_cache:
             self.base_cache[es.name] = predict_option_logits(self.ctx, method, es.examples, es.name)
         return self.base_cache[es.name]
+
+    def at_init(self) -> bool:
+        """Whether the model's trained tensors are still ``init_lora`` (a method that trains
+        nothing could still have loaded others: then its logits are its own)."""
+        now = self.ctx.lm.inner()
+        return now.keys() == self.init_lora.keys() and all(
+            torch.equal(now[k], v) for k, v in self.init_lora.items())
 
 
 # -- data ----------------------------------------------------------------------------------------
