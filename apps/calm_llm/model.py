@@ -297,8 +297,15 @@ class CausalLM:
             "position_ids": batch.position_ids,
             "use_cache": False,
         }
-        if last_only or keep:
-            kwargs["logits_to_keep"] = 1 if last_only else int(keep)
+        if last_only:
+            kwargs["logits_to_keep"] = 1
+        elif keep:
+            # the kept columns as an index, not an int: transformers slices an int as
+            # hidden[:, -k:], a non-contiguous view that the output projection then runs as a
+            # batched bmm, several times slower on the CPU than the mm of the contiguous copy
+            # an index gives (docs/performance.md, part 6)
+            L = batch.input_ids.shape[1]
+            kwargs["logits_to_keep"] = torch.arange(L - int(keep), L, device=batch.input_ids.device)
         return _upcast(self._call(inner, kwargs).logits)
 
     @functools.cached_property
