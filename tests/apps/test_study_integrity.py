@@ -259,6 +259,28 @@ def test_every_published_cell_agrees_with_its_saved_predictions(name):
     assert len(unchecked) == (12 if name == "calm-dynamics" else 0)
 
 
+def test_the_published_default_run_is_what_its_predictions_and_the_docs_say():
+    """docs/results/default-run (the README's run from a fresh clone): every row's metrics.json
+    numbers are what its saved option probabilities give, and docs/results.md's table of the
+    embedded default run prints them."""
+    import re
+    from pathlib import Path
+
+    from apps.study.integrity import cross_check, read_results
+
+    repo = Path(__file__).resolve().parents[2]
+    run = repo / "docs" / "results" / "default-run"
+    results = read_results(run)
+    assert cross_check(run, results) == 10  # 5 rows x 2 sets, none left unchecked
+    doc = (repo / "docs" / "results.md").read_text()
+    for row, sets in results.items():
+        for ds, r in sets.items():
+            line = re.search(rf"^\| {re.escape(row)} \| {ds} \((?:id|ood)\) \| ([0-9.]+) \| ([0-9.]+) ",
+                             doc, re.M)
+            assert line, f"docs/results.md has no default-run line for {row} on {ds}"
+            assert (float(line[1]), float(line[2])) == (round(r["accuracy"], 3), round(r["conf_ece"], 3))
+
+
 def test_a_damaged_cell_is_not_published(built, tmp_path):
     root = tmp_path / "root"
     shutil.copytree(built[MC.name], root)
