@@ -127,7 +127,7 @@ def _entry(fit: dict[str, Any], test: dict[str, Any], row: str, ds: str, n_bins:
     if fit["style"] != test["style"]:
         shifts.append(f"format {fit['style']}→{test['style']}")
     return {
-        "model": row, "variant": test["variant"],
+        "model": row, "variant": test["variant"], "seed": test["seed"],
         "fit_on": fit["on"], "fit_style": fit["style"], "test_set": ds, "test_style": test["style"],
         "shift": ", ".join(shifts) or "none", "n": int(len(y)), "accuracy": accuracy(probs, y),
         "t_fit": t_fit, "t_opt": t_opt, "t_opt_halves": halves,
@@ -165,7 +165,7 @@ def _fits(cell: dict[str, Any], row: str) -> list[dict[str, Any]]:
 
 
 def _read(study: Study, root: Path, c: Cell) -> dict[str, Any]:
-    """A finished cell's prompt style, in-domain sets, TS's T_fit (None without a TS row) and
+    """A finished cell's training seed, prompt style, in-domain sets, TS's T_fit (None without a TS row) and
     the predictions of every row but TS's (row -> dataset -> (probs, labels))."""
     from safetensors.torch import load_file
 
@@ -181,7 +181,7 @@ def _read(study: Study, root: Path, c: Cell) -> dict[str, Any]:
     if "--prompt-style" in argv:  # the model's key: its cell's options less the prompt format
         i = argv.index("--prompt-style")
         argv = argv[:i] + argv[i + 2:]
-    return {"variant": c.variant.name, "style": cfg.data.prompt_style, "model": tuple(argv),
+    return {"variant": c.variant.name, "seed": c.seed, "style": cfg.data.prompt_style, "model": tuple(argv),
             "in_domain": list(cfg.data.in_domain), "temperature": temps.pop() if temps else None,
             "predictions": {row: {ds: (t[f"{row}/{ds}/probs"].double(), t[f"{row}/{ds}/labels"])
                                   for ds in per}
@@ -222,7 +222,7 @@ def markdown(rows: list[dict[str, Any]]) -> str:
         lo, hi = r["gap_ci"]
         nlo, nhi = r["nll_gap_ci"]
         lines.append(
-            f"| {r['model']} ({r['variant']}) | {r['fit_on']}, {r['fit_style']} | {r['test_set']} ({r['test_style']}) | {r['shift']} "
+            f"| {r['model']} ({r['variant']}, seed {r['seed']}) | {r['fit_on']}, {r['fit_style']} | {r['test_set']} ({r['test_style']}) | {r['shift']} "
             f"| {r['n']} | {r['accuracy']:.3f} | {r['t_fit']:.2f} | {r['t_opt']:.2f} | "
             f"{r['nll_t_fit']:.3f} | {r['nll_t_opt']:.3f} | "
             f"{r['ece_t1']:.3f} | {r['ece_t_fit']:.3f} | {r['ece_t_opt']:.3f} | "

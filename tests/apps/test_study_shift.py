@@ -168,7 +168,7 @@ def test_a_trained_row_is_screened_with_its_in_domain_temperature(tmp_path):
     assert {(r["fit_style"], r["variant"]) for r in fmt} == {("paper", "sft_chat"), ("chat", "sft_paper")}
     # per cell: in-domain T on ARC-Easy, ARC-Easy's T on SciQ; 2 × 2 format rows
     assert len(rows) == 3 * 2 + 4
-    assert "| sft (sft_paper) | sciq test (its T_opt), paper |" in shift.markdown(rows)
+    assert "| sft (sft_paper, seed 0) | sciq test (its T_opt), paper |" in shift.markdown(rows)
 
 
 def test_the_published_trained_screen_reproduces_from_its_raw_files():
