@@ -24,6 +24,13 @@ def _write(path, name, n, start=0):
     return path
 
 
+@pytest.fixture(autouse=True)
+def _own_runs_folder(tmp_path, monkeypatch):
+    """The other studies' cells are looked up under ``runs/study-NAME`` of the working directory:
+    a checkout where a real study ran (``runs/study-final``) must not stand in for the fakes."""
+    monkeypatch.chdir(tmp_path)
+
+
 @pytest.fixture
 def data(tmp_path):
     """Three small sets: an in-domain one, and two out-of-domain ones (``shared`` also read by

@@ -234,7 +234,7 @@ def test_the_command_line_prints_one_line_and_exits_2(built, tmp_path, monkeypat
     assert "v-seed1/metrics.json is unreadable" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("name", ["laptop", "laptop-screen", "calm-dynamics", "laptop-open-qa"])
+@pytest.mark.parametrize("name", ["laptop", "laptop-screen", "calm-dynamics", "laptop-open-qa", "final"])
 def test_every_published_cell_agrees_with_its_saved_predictions(name):
     """docs/results/<study>: each finished cell's metrics.json is what its own predictions give;
     only the calm-dynamics cells published before predictions were kept go unchecked."""
@@ -253,7 +253,7 @@ def test_every_published_cell_agrees_with_its_saved_predictions(name):
                 unchecked.append(c.name)
         else:
             assert c.name not in finished_in_log(root)
-    expected = {"laptop": 82, "laptop-screen": 7, "calm-dynamics": 50, "laptop-open-qa": 60}
+    expected = {"laptop": 82, "laptop-screen": 7, "calm-dynamics": 50, "laptop-open-qa": 60, "final": 81}
     assert checked == expected[name]
     assert all(c.split("-seed")[0] in ("nll", "old", "sgd", "upper") for c in unchecked)
     assert len(unchecked) == (12 if name == "calm-dynamics" else 0)
