@@ -23,9 +23,10 @@ Public API::
 See docs/bilevel.md for the formulas, costs and a runnable example.
 """
 
-from . import inner_optim, linalg, tree
+from . import errors, inner_optim, linalg, tree
 from ._finite_difference import FiniteDifference
 from ._hypergrad import Estimate, HypergradMethod, Implicit, Unrolled, hypergrad
+from .errors import ConvergenceWarning, DivergenceError, UnusedLeafWarning
 from .inner_optim import SGD, Adam
 from .loop import History, apply, fit
 from .meta import MetaProblem, meta_problem, task_copies
@@ -44,6 +45,7 @@ from .solvers import (
     VPBGD,
     Indexed,
     Reptile,
+    Solver,
     StepResult,
 )
 
@@ -53,6 +55,8 @@ __all__ = [
     "AID",
     "Adam",
     "BOME",
+    "ConvergenceWarning",
+    "DivergenceError",
     "Estimate",
     "F2SA",
     "FD",
@@ -71,10 +75,13 @@ __all__ = [
     "SABA",
     "SGD",
     "SOBA",
+    "Solver",
     "StepResult",
+    "UnusedLeafWarning",
     "Unrolled",
     "VPBGD",
     "apply",
+    "errors",
     "fit",
     "hypergrad",
     "inner_optim",

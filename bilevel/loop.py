@@ -19,25 +19,19 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Any, Literal
 
 import torch
 
 from . import tree
 from .problem import Problem
-from .solvers.base import StepResult
+from .solvers.base import Solver, StepResult
 
-__all__ = ["History", "Solver", "apply", "fit"]
+__all__ = ["History", "apply", "fit"]
 
 logger = logging.getLogger("bilevel")
 
 _SHOWN = ("upper_loss", "lower_loss", "lambda", "q")
-
-
-class Solver(Protocol):
-    def step(
-        self, problem: Problem, outer: Any, inner: Any, *, upper_batch: Any, lower_batch: Any
-    ) -> StepResult: ...
 
 
 @dataclass

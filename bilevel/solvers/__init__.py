@@ -2,7 +2,7 @@
 upper_batch, lower_batch) -> StepResult``."""
 
 from .aid import AID
-from .base import StepResult
+from .base import Solver, StepResult
 from .bome import BOME
 from .f2sa import F2SA
 from .fd import FD
@@ -27,6 +27,7 @@ __all__ = [
     "Reptile",
     "SABA",
     "SOBA",
+    "Solver",
     "StepResult",
     "VPBGD",
 ]

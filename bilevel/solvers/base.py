@@ -1,11 +1,14 @@
-"""What every solver's ``step`` returns."""
+"""The solver contract: what every solver's ``step`` takes and returns."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-__all__ = ["StepResult"]
+if TYPE_CHECKING:
+    from ..problem import Problem
+
+__all__ = ["Solver", "StepResult"]
 
 
 @dataclass(frozen=True)
@@ -26,3 +29,17 @@ class StepResult:
     inner_grad: Any
     info: dict[str, float] = field(default_factory=dict)
     inner_solution: Any = None
+
+
+@runtime_checkable
+class Solver(Protocol):
+    """What :func:`bilevel.fit` and :func:`bilevel.apply` need of a solver: one outer step.
+
+    ``step`` reads ``outer`` and ``inner`` (pytrees of tensors) and the two batches, and
+    returns a :class:`StepResult` whose directions have the shapes of ``outer`` and ``inner``;
+    it never writes to the variables (the optimizers do, in :func:`bilevel.apply`).
+    """
+
+    def step(
+        self, problem: Problem, outer: Any, inner: Any, *, upper_batch: Any, lower_batch: Any
+    ) -> StepResult: ...
