@@ -9,6 +9,7 @@ import torch
 
 from apps import study as S
 from apps.study import shift
+from tests.numbers import assert_same_numbers
 
 
 def test_scaled_is_softmax_of_the_logits_over_t_and_keeps_padded_options_empty():
@@ -116,7 +117,7 @@ def test_the_published_screen_reproduces_from_its_raw_files():
 
     root = Path(__file__).resolve().parents[2] / "docs" / "results" / "ts-shift-screen"
     rows = shift.screen(S.STUDIES["ts-shift-screen"], root)
-    assert json.dumps(rows) == json.dumps(json.loads((root / "shift.json").read_text()))
+    assert_same_numbers(rows, json.loads((root / "shift.json").read_text()))
     assert all(r["verdict"] == "TS transfers" for r in rows) and len(rows) == 10
 
 
@@ -178,7 +179,7 @@ def test_the_published_trained_screen_reproduces_from_its_raw_files():
 
     root = Path(__file__).resolve().parents[2] / "docs" / "results" / "ts-shift-trained"
     rows = shift.screen(S.STUDIES["ts-shift-trained"], root)
-    assert json.dumps(rows) == json.dumps(json.loads((root / "shift.json").read_text()))
+    assert_same_numbers(rows, json.loads((root / "shift.json").read_text()))
     # SciQ -> ARC-Easy transfers in ECE after SFT; ARC-Easy's T applied to SciQ does not
     for r in rows:
         reverse = r["fit_on"].startswith("arc_easy")
@@ -199,8 +200,8 @@ def test_the_published_final_screen_reproduces_from_its_raw_files():
                                                                   if v.name in ("reference", "sft")))
     published = json.loads((root / "shift.json").read_text())
     again = shift.screen(seed0, root)
-    assert json.dumps(again) == json.dumps([r for r in published if r["seed"] == 0
-                                            and r["variant"] in ("reference", "sft")])
+    assert_same_numbers(again, [r for r in published if r["seed"] == 0
+                                and r["variant"] in ("reference", "sft")])
     to_arc_easy = [r for r in published if r["fit_on"] in ("sciq calibration split", "sciq test (its T_opt)")
                    and r["test_set"] == "arc_easy_test"]
     assert len(to_arc_easy) == 1 + 5 * 5  # none; sft, label smoothing and the 3 CALM rows at 5 seeds
