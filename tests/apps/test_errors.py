@@ -52,6 +52,34 @@ def test_a_plugin_that_fails_to_import_shows_its_own_traceback(broken_plugin, ca
     assert isinstance(e.value.__cause__, ValueError)
 
 
+def test_a_plugin_that_is_not_there_is_one_line_without_a_traceback(capsys, tmp_path):
+    assert main(["--config", "tiny", "--plugins", "no_such_plugin_module"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(
+        "error: --plugins no_such_plugin_module: no module 'no_such_plugin_module' can be imported")
+    # resuming a run whose plugin has since been deleted: its config.json names the plugin
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_text('{"plugins": ["deleted_plugin_of_a_run"]}')
+    assert main(["--resume", str(run)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--plugins deleted_plugin_of_a_run: no module" in err[0]
+
+
+def test_a_plugin_whose_own_import_is_missing_names_it_and_keeps_its_traceback(
+        tmp_path, monkeypatch, capsys):
+    name = "plugin_needing_a_missing_dependency"
+    (tmp_path / f"{name}.py").write_text("import not_installed_dependency_xyz\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert main(["--config", "tiny", "--plugins", name]) == 2
+    err = capsys.readouterr().err
+    assert err.splitlines()[0] == (
+        f"error: --plugins {name}: cannot import it, it needs a module that is missing "
+        "(ModuleNotFoundError: No module named 'not_installed_dependency_xyz')")
+    assert f"{name}.py\", line 1" in err  # the plugin's own line, so the import can be found
+    sys.modules.pop(name, None)
+
+
 def test_an_unexpected_error_in_the_run_keeps_its_traceback(monkeypatch):
     from apps.calm_llm import train
 

@@ -375,6 +375,17 @@ def load_plugins(modules: list[str]) -> None:
     for name in modules:
         try:
             importlib.import_module(name)
+        except ModuleNotFoundError as e:
+            if e.name is not None and (name == e.name or name.startswith(e.name + ".")):
+                # the plugin itself is not there (a typo, a deleted file, a folder not on the
+                # path): nothing of the user's code ran, so one line and no traceback
+                raise ConfigError(
+                    f"--plugins {name}: no module {name!r} can be imported (a run resumed "
+                    "from its config.json imports the plugins it was started with); check the "
+                    "name, and that its folder is on PYTHONPATH or the current directory"
+                ) from None
+            raise PluginError(f"--plugins {name}: cannot import it, it needs a module that is "
+                              f"missing ({type(e).__name__}: {e})") from e
         except Exception as e:  # any error of the plugin's code: its traceback is kept
             raise PluginError(f"--plugins {name}: cannot import it "
                               f"({type(e).__name__}: {e})") from e
