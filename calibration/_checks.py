@@ -124,7 +124,15 @@ def check_probs_labels(
     return p, y
 
 
+MAX_N_BINS = 10**6  # far above any useful binning (10-20 in the literature), far below memory
+
+
 def check_n_bins(n_bins: int) -> int:
+    """``n_bins`` as an int in [1, MAX_N_BINS]: the per-bin sums are allocated up front (n_bins
+    floats, n_bins · K for classwise ECE), so a huge count fails by name, not in the allocator."""
     if isinstance(n_bins, bool) or not isinstance(n_bins, (int, np.integer)) or n_bins < 1:
         raise ValueError(f"n_bins must be a positive integer, got {n_bins!r}")
+    if n_bins > MAX_N_BINS:
+        raise ValueError(f"n_bins={n_bins} is above the bound of {MAX_N_BINS:,} bins (each bin "
+                         "is allocated; ECE is reported with 10 or 15)")
     return int(n_bins)

@@ -192,6 +192,9 @@ def load(directory: str | Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]
     _recover(d)
     fix = f"Delete the folder {d} to train this method again from its start."
     meta = read_json(d / "state.json", fix)
+    if not isinstance(meta, dict):  # valid JSON of another shape is as damaged as a cut file
+        raise CorruptFile(f"{d / 'state.json'} holds a JSON {type(meta).__name__}, not the "
+                          f"checkpoint's object of step, history and checksums. {fix}")
     if meta.get("format") != FORMAT:
         raise RunRefused(f"{d}: checkpoint format {meta.get('format')} (this code reads {FORMAT})")
     if "state_sha256" in meta and _state_checksum(meta) != meta["state_sha256"]:

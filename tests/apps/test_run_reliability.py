@@ -300,3 +300,14 @@ def test_an_edited_state_json_is_refused_by_name(tmp_path, key, value):
     with pytest.raises(CorruptFile, match="does not match the checksum") as e:
         checkpoint.load(d)
     assert str(d / "state.json") in str(e.value) and f"Delete the folder {d}" in str(e.value)
+
+
+@pytest.mark.parametrize("content", ["[1, 2]", '"step 2"', "null"])
+def test_a_state_json_of_the_wrong_shape_is_refused_as_damaged(tmp_path, content):
+    d = tmp_path / "sft"
+    checkpoint.save(d, method=_method(), lora={"w": torch.ones(4)}, step=2, config_hash="h",
+                    history=[{"step": 1, "loss": 1.5}])
+    (d / "state.json").write_text(content)  # valid JSON, not the checkpoint's object
+    with pytest.raises(CorruptFile, match="holds a JSON") as e:
+        checkpoint.load(d)
+    assert str(d / "state.json") in str(e.value) and f"Delete the folder {d}" in str(e.value)

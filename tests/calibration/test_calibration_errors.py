@@ -126,3 +126,14 @@ def test_a_full_disk_while_saving_a_plot_keeps_the_previous_png(tmp_path, monkey
     umask = os.umask(0)
     os.umask(umask)
     assert out.stat().st_mode & 0o777 == 0o666 & ~umask  # what a plain savefig would give
+
+
+@pytest.mark.parametrize("metric", ["conf_ece", "cw_ece", "mce"])
+def test_a_huge_bin_count_is_refused_by_name_before_anything_is_allocated(metric):
+    import calibration.metrics as M
+
+    p = torch.softmax(torch.randn(8, 3, dtype=torch.float64), -1)
+    y = torch.arange(8) % 3
+    with pytest.raises(ValueError, match=r"n_bins=1000000000000 is above the bound of 1,000,000"):
+        getattr(M, metric)(p, y, n_bins=10**12)
+    getattr(M, metric)(p, y, n_bins=10**6)  # the bound itself is accepted
