@@ -152,3 +152,19 @@ def test_a_question_copied_into_an_in_domain_file_never_meets_its_ood_copy(tmp_p
     assert not ood_keys & {content_key(e) for e in trained}
     assert s.manifest()["overlap_removed"] == {"arc_easy & mine": 9}
     assert sum(len(v) for n, v in s.named().items() if not n.startswith("ood/")) == 39 - 9
+
+
+def test_a_size_refusal_after_dropped_duplicates_says_how_many_and_which_flags():
+    """Questions repeated under other ids are dropped by --dedup drop; when the set is then too
+    small, the refusal says that they were dropped, how many, and what to change."""
+    base = _set("quiz", 20)
+    repeats = [MCQAExample(f"quiz:again{i}", e.question, e.options, e.label, "quiz")
+               for i, e in enumerate(base[:12])]
+    with pytest.warns(UserWarning, match="repeated within the set"):
+        with pytest.raises(ValueError) as e:
+            make_splits({"quiz": base + repeats}, {}, n_train=20, n_calib=4, n_test=2, n_ood=0,
+                        seed=0)
+    text = str(e.value)
+    assert "fewer than n_train + n_calib = 24" in text
+    assert "--dedup drop removed 12 questions before the splits were carved: 12 repeated" in text
+    assert "--dedup refuse lists them instead" in text and "lower --n-train / --n-calib" in text
