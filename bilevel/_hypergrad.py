@@ -112,9 +112,11 @@ class Unrolled:
         check_inner_optimizer("Unrolled", self.inner_optimizer)
 
     def estimate(
-        self, objectives: CheckedObjectives, variables: FlatVariables, batches: Batches
+        self, objectives: CheckedObjectives, variables: FlatVariables, batches: Batches,
+        *, draw: Callable[[], Any] | None = None,
     ) -> Estimate:
-        """dF/dα through the unrolled steps; see the class docstring."""
+        """dF/dα through the unrolled steps; see the class docstring. ``draw``: each inner
+        step evaluates g on its own fresh batch ``draw()`` instead of ``batches.lower``."""
         T = self.inner_steps
         K = T if self.truncate is None else self.truncate
         alpha = leaf_aliases(variables.outer)
@@ -124,11 +126,11 @@ class Unrolled:
         if opt.plain:
             state = None
             theta, first_grad, first_value = inner_gradient_steps(
-                objectives, start, batches.lower, steps=T - K, lr=lr, total=T
+                objectives, start, batches.lower, steps=T - K, lr=lr, total=T, draw=draw
             )
         else:
             theta, state, first_grad, first_value = _optimizer_steps(
-                objectives, start, batches.lower, opt, steps=T - K, lr=lr, total=T
+                objectives, start, batches.lower, opt, steps=T - K, lr=lr, total=T, draw=draw
             )
         # Steps inside the window, with plain autograd.grad(create_graph=True): faster than
         # torch.func.grad of the whole loop (docs/performance.md, "Measured choices inside
@@ -137,7 +139,8 @@ class Unrolled:
         outer_tree = variables.outer_tree(alpha)
         for t in range(T - K, T):
             where = f"inner step {t + 1} of {T}"
-            g = objectives.lower(outer_tree, variables.inner_tree(theta), batches.lower, where)
+            b = batches.lower if draw is None else draw()
+            g = objectives.lower(outer_tree, variables.inner_tree(theta), b, where)
             gth = grad(g, theta, create_graph=True)
             if t == 0:
                 first_grad, first_value = [x.detach() for x in gth], g.detach()
@@ -163,6 +166,7 @@ def _optimizer_steps(
     steps: int,
     lr: float,
     total: int,
+    draw: Callable[[], Any] | None = None,
 ) -> tuple[list[torch.Tensor], Any, list[torch.Tensor] | None, torch.Tensor | None]:
     """``steps`` graph-free steps of a stateful inner optimizer from ``variables.inner``:
     θ, the (detached) optimizer state, and the first step's gradient and value."""
@@ -172,7 +176,8 @@ def _optimizer_steps(
     first_grad, first_value = None, None
     for t in range(steps):
         leaves = leaf_aliases(theta)
-        g = objectives.lower(outer, variables.inner_tree(leaves), batch, f"inner step {t + 1} of {total}")
+        b = batch if draw is None else draw()
+        g = objectives.lower(outer, variables.inner_tree(leaves), b, f"inner step {t + 1} of {total}")
         gth = grad(g, leaves)
         if t == 0:
             first_grad, first_value = gth, g.detach()

@@ -29,6 +29,8 @@ __all__ = [
     "Estimate",
     "FlatVariables",
     "flatten_variables",
+    "batch_drawer",
+    "check_lower_batches",
     "inner_gradient_steps",
     "start_step",
 ]
@@ -242,6 +244,34 @@ def inner_gradient_steps(
         with torch.no_grad():
             theta = torch._foreach_add(theta, gth, alpha=-lr)
     return [x.detach() for x in theta], first_grad, first_value
+
+
+def check_lower_batches(owner: str, lower_batches: object) -> None:
+    """``lower_batches`` is None or a callable ``() -> batch`` (TypeError naming ``owner``)."""
+    if lower_batches is not None and not callable(lower_batches):
+        raise TypeError(
+            f"{owner}: lower_batches must be a callable () -> batch (e.g. lambda: "
+            f"next(batch_iterator)), got {type(lower_batches).__name__}"
+        )
+
+
+def batch_drawer(owner: str, lower_batches: Callable[[], Any] | None) -> Callable[[], Any] | None:
+    """``lower_batches`` wrapped so that an exhausted source is a RuntimeError naming
+    ``owner`` and the fix, not a bare StopIteration escaping from ``step`` (which would end
+    ``fit``'s loop silently); None stays None (no fresh batches)."""
+    if lower_batches is None:
+        return None
+
+    def draw() -> Any:
+        try:
+            return lower_batches()
+        except StopIteration:
+            raise RuntimeError(
+                f"{owner}: lower_batches ran out of batches (it raised StopIteration); give it "
+                "an endless source, e.g. itertools.cycle over the batches or a sampler"
+            ) from None
+
+    return draw
 
 
 @dataclass(frozen=True)

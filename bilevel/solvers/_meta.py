@@ -3,6 +3,7 @@ reduction of a per-task quantity back to α's shape."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -12,6 +13,7 @@ from .. import tree
 from .._internals import (
     CheckedObjectives,
     FlatVariables,
+    batch_drawer,
     flatten_variables,
     inner_gradient_steps,
 )
@@ -82,17 +84,20 @@ def task_mean(xs: list[torch.Tensor], batched: bool) -> list[torch.Tensor]:
 
 
 def adapt(
-    owner: str, problem: Problem, outer: Any, inner: Any, batch: Any, *, steps: int, lr: float
+    owner: str, problem: Problem, outer: Any, inner: Any, batch: Any, *, steps: int, lr: float,
+    lower_batches: Callable[[], Any] | None = None,
 ) -> tuple[CheckedObjectives, FlatVariables, Adapted]:
     """The opening of a first-order meta step: the checked objectives, the flat variables
     and ``steps`` graph-free gradient steps on g from θ_0 = α (every task); see
-    :func:`bilevel._internals.inner_gradient_steps`."""
+    :func:`bilevel._internals.inner_gradient_steps`; ``lower_batches``: a fresh support
+    batch per step instead of ``batch``)."""
     objectives = CheckedObjectives(problem, owner)
     variables = flatten_variables(owner, outer, inner)
     batched = has_task_dim(owner, variables.outer, variables.inner)
     start = start_from_outer([a.detach() for a in variables.outer], variables.inner, batched)
     theta, first_grad, first_value = inner_gradient_steps(
-        objectives, variables.replace(inner=start), batch, steps=steps, lr=lr
+        objectives, variables.replace(inner=start), batch, steps=steps, lr=lr,
+        draw=batch_drawer(owner, lower_batches),
     )
     assert first_grad is not None and first_value is not None  # steps >= 1
     return objectives, variables, Adapted(batched, theta, first_grad, first_value)

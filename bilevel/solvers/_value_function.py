@@ -9,6 +9,7 @@ at its cost floor: T + 1 calls of g, the first inner step's gradient reused as �
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,22 +51,32 @@ class ValueGapTerms:
 
 
 def value_gap_terms(
-    objectives: CheckedObjectives, point: FlatVariables, lower_batch: Any, steps: int, lr: float
+    objectives: CheckedObjectives, point: FlatVariables, lower_batch: Any, steps: int, lr: float,
+    draw: Callable[[], Any] | None = None,
 ) -> ValueGapTerms:
     """g and ∇g at the current point (leaf aliases in ``point``), θ^(T), and g and ∇_α g at
-    θ^(T), for T = ``steps`` ≥ 1 gradient steps of size ``lr``."""
+    θ^(T), for T = ``steps`` ≥ 1 gradient steps of size ``lr``. With ``draw`` the T steps
+    use fresh batches ``draw()`` and q̂'s two terms the step's ``lower_batch`` (one more
+    forward-backward of g: the first step's gradient is on another batch)."""
     T = steps
     alpha, theta = point.outer, point.inner
     # Inner step 1, differentiated jointly: ∇g(α, θ) for q̂ at no extra pass.
-    g0 = objectives.lower(point.outer_tree(), point.inner_tree(), lower_batch, f"inner step 1 of {T}")
+    where = f"inner step 1 of {T}" if draw is None else "at the current (α, θ)"
+    g0 = objectives.lower(point.outer_tree(), point.inner_tree(), lower_batch, where)
     dg0 = grad(g0, alpha + theta)
     g_alpha0, g_theta0 = dg0[: len(alpha)], dg0[len(alpha) :]
-    with torch.no_grad():
-        theta_hat = torch._foreach_add([x.detach() for x in theta], g_theta0, alpha=-lr)
-    theta_T, _, _ = inner_gradient_steps(
-        objectives, point.replace(inner=theta_hat), lower_batch,
-        steps=T - 1, lr=lr, first=1, total=T,
-    )
+    if draw is None:
+        with torch.no_grad():
+            theta_hat = torch._foreach_add([x.detach() for x in theta], g_theta0, alpha=-lr)
+        theta_T, _, _ = inner_gradient_steps(
+            objectives, point.replace(inner=theta_hat), lower_batch,
+            steps=T - 1, lr=lr, first=1, total=T,
+        )
+    else:
+        theta_T, _, _ = inner_gradient_steps(
+            objectives, point.replace(inner=[x.detach() for x in theta]), lower_batch,
+            steps=T, lr=lr, draw=draw,
+        )
     # ∇_α g(α, θ^(T)) with θ^(T) detached: autograd only runs the ops that touch α.
     g_T = objectives.lower(
         point.outer_tree(), point.inner_tree(theta_T), lower_batch, f"at θ^(T) after {T} inner steps"
@@ -98,12 +109,13 @@ class PenaltyPoint:
 
 
 def penalty_point(
-    owner: str, problem: Problem, outer: Any, inner: Any, batches: Batches, steps: int, lr: float
+    owner: str, problem: Problem, outer: Any, inner: Any, batches: Batches, steps: int, lr: float,
+    draw: Callable[[], Any] | None = None,
 ) -> PenaltyPoint:
     """Evaluate q̂'s terms (``steps`` inner steps of size ``lr``), f and ∇f at (outer, inner)."""
     objectives = CheckedObjectives(problem, owner)
     variables = flatten_variables(owner, outer, inner)
     point = variables.replace(outer=leaf_aliases(variables.outer), inner=leaf_aliases(variables.inner))
-    low = value_gap_terms(objectives, point, batches.lower, steps, lr)
+    low = value_gap_terms(objectives, point, batches.lower, steps, lr, draw)
     f = objectives.upper(point.outer_tree(), point.inner_tree(), batches.upper, "at the current (α, θ)")
     return PenaltyPoint(objectives, variables, low, f, grad(f, point.outer + point.inner))

@@ -10,6 +10,7 @@ steps on g(α, ·) started at θ (the BOME paper; docs/bilevel.md):
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,7 +18,7 @@ import torch
 
 from .. import tree
 from .._checks import check_int, check_nonnegative, check_positive
-from .._internals import Batches
+from .._internals import Batches, batch_drawer, check_lower_batches
 from ..problem import Problem
 from ._value_function import penalty_point
 from .base import StepResult
@@ -38,6 +39,13 @@ class BOME:
         phi: ``"grad_norm"`` or ``"value_gap"`` (φ = c·q̂, the hyperparameter experiments).
         c: c in φ = c·q̂.
         eps: ε > 0 in the denominator of λ.
+        lower_batches: fresh batches for the inner steps (below).
+
+    ``lower_batches`` (a callable ``() -> batch``): the T steps to θ^(T) each draw their own
+    batch B_t (T draws per ``step``, in order); q̂, ∇q̂, ``lower_loss`` and
+    ``lower_loss_solution`` use the step's ``lower_batch`` at both points (a gap between two
+    batches would not be a value-function gap), at one more forward-backward of g. f uses
+    ``upper_batch``.
 
     Cost per step (T + 1 calls of g, 1 call of f): the first inner step differentiates g
     jointly w.r.t. (α, θ) at the current point, and that gradient is reused as ∇g(α, θ);
@@ -53,8 +61,10 @@ class BOME:
     phi: str = "grad_norm"
     c: float = 0.5
     eps: float = 1e-8
+    lower_batches: Callable[[], Any] | None = None
 
     def __post_init__(self) -> None:
+        check_lower_batches("BOME", self.lower_batches)
         check_int("BOME", "inner_steps", self.inner_steps, minimum=1)
         check_positive("BOME", "inner_lr", self.inner_lr)
         check_nonnegative("BOME", "eta", self.eta)
@@ -71,7 +81,7 @@ class BOME:
         """One BOME step at (outer, inner); see the class docstring."""
         at = penalty_point(
             "BOME.step", problem, outer, inner, Batches(upper=upper_batch, lower=lower_batch),
-            self.inner_steps, self.inner_lr,
+            self.inner_steps, self.inner_lr, batch_drawer("BOME.step", self.lower_batches),
         )
         low, f, df = at.low, at.f, at.df
         dq, q = low.gap_grad(), low.gap()

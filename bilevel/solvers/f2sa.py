@@ -4,6 +4,7 @@ First-Order Method for Stochastic Bilevel Optimization", ICML 2023)."""
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -12,7 +13,13 @@ import torch
 from .. import tree
 from .._autodiff import grad, leaf_aliases
 from .._checks import check_int, check_positive
-from .._internals import CheckedObjectives, FlatVariables, start_step
+from .._internals import (
+    CheckedObjectives,
+    FlatVariables,
+    batch_drawer,
+    check_lower_batches,
+    start_step,
+)
 from ..problem import Problem
 from ._state import StepCounter, WarmStart, check_schedule, linear_schedule
 from .base import StepResult
@@ -45,6 +52,12 @@ class F2SA:
     by the instance between steps (``warm_start=True``, the paper's; else it restarts at θ
     each step) and λ's schedule counts this instance's steps: :meth:`reset` forgets both.
 
+    ``lower_batches`` (a callable ``() -> batch``): each of the T z steps and then each of
+    the T y steps draws its own lower batch (2T draws per ``step``: z's T in order, then
+    y's), instead of the step's ``lower_batch``; the y steps' f keeps ``upper_batch``. The
+    outer direction's terms at y_T and z_T (and ``gap``, ``lower_loss_solution``) use the
+    step's ``lower_batch``; ``inner_grad`` / ``lower_loss`` are z's first step on its batch.
+
     Cost per step: T forward-backward passes of g for z, T of f + g for y (one backward
     each), one forward-backward of f + λg at y_T and one of g at z_T w.r.t. α only.
     No second derivatives. Memory: O(|θ|) for y (kept between steps) + one graph at a time.
@@ -56,10 +69,12 @@ class F2SA:
     lam_growth: float = 0.0
     lam_max: float = math.inf
     warm_start: bool = True
+    lower_batches: Callable[[], Any] | None = None
     _k: StepCounter = field(default_factory=StepCounter, init=False, repr=False, compare=False)
     _y: WarmStart = field(default_factory=WarmStart, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        check_lower_batches("F2SA", self.lower_batches)
         check_int("F2SA", "inner_steps", self.inner_steps, minimum=1)
         check_positive("F2SA", "inner_lr", self.inner_lr)
         check_schedule("F2SA", "lam", self.lam, self.lam_growth, self.lam_max)
@@ -75,14 +90,16 @@ class F2SA:
         self, problem: Problem, outer: Any, inner: Any, *, upper_batch: Any, lower_batch: Any
     ) -> StepResult:
         """One F2SA step; see the class docstring."""
+        draw = batch_drawer("F2SA.step", self.lower_batches)
         start = start_step(
-            "F2SA.step", problem, outer, inner, lower_batch, steps=self.inner_steps, lr=self.inner_lr
+            "F2SA.step", problem, outer, inner, lower_batch, steps=self.inner_steps,
+            lr=self.inner_lr, draw=draw,
         )
         objectives, variables = start.objectives, start.variables
         lam = linear_schedule(self.lam, self.lam_growth, self.lam_max, self._k.k)
         y0 = self._y.init_for(variables.inner) if self.warm_start else None
         y0 = [x.detach() for x in variables.inner] if y0 is None else y0
-        y = self._y_steps(objectives, variables, y0, lam, upper_batch, lower_batch)
+        y = self._y_steps(objectives, variables, y0, lam, upper_batch, lower_batch, draw)
         alpha = leaf_aliases(variables.outer)
         at_y = variables.replace(outer=alpha, inner=y)
         f_y = objectives.upper(at_y.outer_tree(), at_y.inner_tree(), upper_batch, "at y_T")
@@ -114,7 +131,7 @@ class F2SA:
 
     def _y_steps(
         self, objectives: CheckedObjectives, variables: FlatVariables, y: list[torch.Tensor],
-        lam: float, upper_batch: Any, lower_batch: Any,
+        lam: float, upper_batch: Any, lower_batch: Any, draw: Callable[[], Any] | None = None,
     ) -> list[torch.Tensor]:
         """T graph-free steps y ← y − β (∇_θ f(α, y)/λ + ∇_θ g(α, y)), one backward each."""
         outer = variables.outer_tree([a.detach() for a in variables.outer])
@@ -124,7 +141,8 @@ class F2SA:
             where = f"y step {t + 1} of {T}"
             inner = variables.inner_tree(leaves)
             h = objectives.upper(outer, inner, upper_batch, where) / lam
-            h = h + objectives.lower(outer, inner, lower_batch, where)
+            b = lower_batch if draw is None else draw()
+            h = h + objectives.lower(outer, inner, b, where)
             with torch.no_grad():
                 y = torch._foreach_add(y, grad(h, leaves), alpha=-self.inner_lr)
         return [x.detach() for x in y]

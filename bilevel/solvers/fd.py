@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from .. import tree
 from .._checks import check_int, check_positive
 from .._finite_difference import FiniteDifference
-from .._internals import Batches, start_step
+from .._internals import Batches, batch_drawer, check_lower_batches, start_step
 from ..problem import Problem
 from .base import StepResult
 
@@ -37,6 +38,10 @@ class FD:
         inner_steps: T ≥ 1 (DARTS: 1).
         inner_lr: β > 0 (DARTS: ξ, the weights' learning rate).
         eps: the norm of the perturbation r·v (DARTS: 0.01).
+        lower_batches: a callable ``() -> batch``: each of the T inner steps draws its own
+            batch B_t (T draws per ``step``, in order), the last one B_T also serving the
+            central difference of ∇_α g (it differentiates that step); with it the step's
+            ``lower_batch`` is not used. f uses ``upper_batch``.
 
     Cost per step: T + 2 forward-backward passes of g (two of them only w.r.t. α), one of
     f; no Hessian-vector product, no double backward (works with kernels that have none).
@@ -46,8 +51,10 @@ class FD:
     inner_steps: int
     inner_lr: float
     eps: float = 0.01
+    lower_batches: Callable[[], Any] | None = None
 
     def __post_init__(self) -> None:
+        check_lower_batches("FD", self.lower_batches)
         check_int("FD", "inner_steps", self.inner_steps, minimum=1)
         check_positive("FD", "inner_lr", self.inner_lr)
         check_positive("FD", "eps", self.eps)
@@ -56,15 +63,16 @@ class FD:
         self, problem: Problem, outer: Any, inner: Any, *, upper_batch: Any, lower_batch: Any
     ) -> StepResult:
         """One outer step; see the class docstring."""
+        draw = batch_drawer("FD.step", self.lower_batches)
         start = start_step(
             "FD.step", problem, outer, inner, lower_batch,
-            steps=self.inner_steps - 1, lr=self.inner_lr, total=self.inner_steps,
+            steps=self.inner_steps - 1, lr=self.inner_lr, total=self.inner_steps, draw=draw,
         )
         objectives, variables = start.objectives, start.variables
         est = FiniteDifference(self.inner_lr, self.eps).estimate(
             objectives,
             variables.replace(inner=start.theta),
-            Batches(upper=upper_batch, lower=lower_batch),
+            Batches(upper=upper_batch, lower=lower_batch if draw is None else draw()),
         )
         scalars = dict(est.scalars)
         first_grad = start.first_grad

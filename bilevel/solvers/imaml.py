@@ -4,12 +4,13 @@ docs/bilevel.md, "Meta-learning")."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from .._checks import check_int, check_positive
 from .._hypergrad import Implicit
-from .._internals import Batches
+from .._internals import Batches, check_lower_batches
 from ..linalg import CG, LinearSolve, LinearSolver
 from ..meta import MetaProblem
 from ..problem import Problem
@@ -35,6 +36,10 @@ class IMAML:
     would be 0). The values in ``inner`` are ignored, only its shapes count.
     ``inner_grad`` = ∇_θ g(α, θ_0), ``inner_solution`` = θ_T.
 
+    ``lower_batches`` (a callable ``() -> batch``): each of the T inner steps draws its own
+    support batch B_t (T draws per ``step``, in order) instead of the step's ``lower_batch`` (the implicit step at θ_T still uses ``lower_batch``);
+    ``inner_grad`` and ``lower_loss`` are the first step's on B_1; f uses ``upper_batch``.
+
     Cost per step: T forward-backward passes of g (no graph), one forward of g with a
     double-backward graph, one backward per solver matvec (CG: ≤ maxiter) plus one for the
     mixed term, one forward-backward of f. Memory: O(|θ|) + one double-backward graph of
@@ -44,8 +49,10 @@ class IMAML:
     inner_steps: int
     inner_lr: float
     linear_solver: LinearSolver | LinearSolve = field(default_factory=CG)
+    lower_batches: Callable[[], Any] | None = None
 
     def __post_init__(self) -> None:
+        check_lower_batches("IMAML", self.lower_batches)
         check_int("IMAML", "inner_steps", self.inner_steps, minimum=1)
         check_positive("IMAML", "inner_lr", self.inner_lr)
         Implicit(self.linear_solver)  # validates the solver type
@@ -63,7 +70,7 @@ class IMAML:
             )
         objectives, variables, adapted = adapt(
             "IMAML.step", problem, outer, inner, lower_batch,
-            steps=self.inner_steps, lr=self.inner_lr,
+            steps=self.inner_steps, lr=self.inner_lr, lower_batches=self.lower_batches,
         )
         est = Implicit(self.linear_solver).estimate(
             objectives,

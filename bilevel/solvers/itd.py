@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from .. import tree
 from .._checks import check_int, check_positive
 from .._hypergrad import Unrolled, check_truncate
-from .._internals import Batches, CheckedObjectives, flatten_variables
+from .._internals import (
+    Batches,
+    CheckedObjectives,
+    batch_drawer,
+    check_lower_batches,
+    flatten_variables,
+)
 from ..inner_optim import SGD, InnerOptimizer, check_inner_optimizer
 from ..problem import Problem
 from .base import StepResult
@@ -30,6 +37,13 @@ class ITD:
     :class:`bilevel.Unrolled`); it is not the torch optimizer that ``bilevel.fit`` applies
     ``inner_grad`` with.
 
+    ``lower_batches`` (a callable ``() -> batch``, e.g. ``lambda: next(loader_iter)``): each
+    of the T unrolled steps evaluates g on its own batch B_t = ``lower_batches()`` (drawn in
+    step order, T draws per ``step``) instead of the step's ``lower_batch``, and the
+    hypergradient differentiates through those minibatch steps; ``inner_grad`` and
+    ``lower_loss`` are then the first step's gradient and value on B_1. f uses
+    ``upper_batch``; with ``lower_batches`` the step's ``lower_batch`` is not used.
+
     Cost per step: T forward-backward passes of g with ``create_graph`` (K with
     ``truncate=K``), one backward through them, one forward-backward of f.
     Memory: O(K · activations of g).
@@ -39,8 +53,10 @@ class ITD:
     inner_lr: float
     truncate: int | None = None
     inner_optimizer: InnerOptimizer = field(default_factory=SGD)
+    lower_batches: Callable[[], Any] | None = None
 
     def __post_init__(self) -> None:
+        check_lower_batches("ITD", self.lower_batches)
         check_int("ITD", "inner_steps", self.inner_steps, minimum=1)
         check_positive("ITD", "inner_lr", self.inner_lr)
         check_truncate("ITD", self.truncate, self.inner_steps)
@@ -53,7 +69,8 @@ class ITD:
         objectives = CheckedObjectives(problem, "ITD.step")
         variables = flatten_variables("ITD.step", outer, inner)
         method = Unrolled(self.inner_steps, self.inner_lr, self.truncate, self.inner_optimizer)
-        est = method.estimate(objectives, variables, Batches(upper=upper_batch, lower=lower_batch))
+        est = method.estimate(objectives, variables, Batches(upper=upper_batch, lower=lower_batch),
+                              draw=batch_drawer("ITD.step", self.lower_batches))
         scalars = dict(est.scalars)
         scalars["outer_grad_norm"] = tree.sq_norm_list(est.outer_grad).sqrt()
         scalars["inner_grad_norm"] = tree.sq_norm_list(est.first_inner_grad).sqrt()

@@ -3,12 +3,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from .._autodiff import grad, leaf_aliases
 from .._checks import check_int, check_positive
-from .._internals import CheckedObjectives, flatten_variables
+from .._internals import CheckedObjectives, batch_drawer, check_lower_batches, flatten_variables
 from ..problem import Problem
 from ._meta import Adapted, adapt, has_task_dim, meta_result, start_from_outer, task_sum
 from .base import StepResult
@@ -34,6 +35,10 @@ class MAML:
     each factor too). The values in ``inner`` are ignored, only its shapes count (θ_0 is α).
     ``inner_grad`` = ∇_θ g(α, θ_0), ``inner_solution`` = θ_T (the adapted parameters).
 
+    ``lower_batches`` (a callable ``() -> batch``): each of the T inner steps draws its own
+    support batch B_t (T draws per ``step``, in order) instead of the step's ``lower_batch`` (then unused);
+    ``inner_grad`` and ``lower_loss`` are the first step's on B_1; f uses ``upper_batch``.
+
     Cost per step: T forward-backward passes of g with ``create_graph``, one reverse sweep
     back through them (Hessian-vector products: ≈ T more passes), one forward-backward of f.
     Memory: O(T · activations of g) for the B tasks of the batch.
@@ -41,9 +46,11 @@ class MAML:
 
     inner_steps: int
     inner_lr: float
+    lower_batches: Callable[[], Any] | None = None
 
     def __post_init__(self) -> None:
         _check("MAML", self.inner_steps, self.inner_lr)
+        check_lower_batches("MAML", self.lower_batches)
 
     def step(
         self, problem: Problem, outer: Any, inner: Any, *, upper_batch: Any, lower_batch: Any
@@ -56,9 +63,11 @@ class MAML:
         outer_tree = variables.outer_tree(alpha)
         theta = start_from_outer(alpha, variables.inner, batched)
         T, first = self.inner_steps, None
+        draw = batch_drawer("MAML.step", self.lower_batches)
         for t in range(T):
             where = f"inner step {t + 1} of {T} from the initialization"
-            g = objectives.lower(outer_tree, variables.inner_tree(theta), lower_batch, where)
+            b = lower_batch if draw is None else draw()
+            g = objectives.lower(outer_tree, variables.inner_tree(theta), b, where)
             # create_graph: the meta-gradient differentiates through this step too.
             g_theta = grad(g, theta, create_graph=True)
             if first is None:
@@ -83,15 +92,21 @@ class FOMAML:
 
     ``inner_grad`` = ∇_θ g(α, θ_0), ``inner_solution`` = θ_T.
 
+    ``lower_batches`` (a callable ``() -> batch``): each of the T inner steps draws its own
+    support batch B_t (T draws per ``step``, in order) instead of the step's ``lower_batch`` (then unused);
+    ``inner_grad`` and ``lower_loss`` are the first step's on B_1; f uses ``upper_batch``.
+
     Cost per step: T forward-backward passes of g and one of f; no second derivatives.
     Memory: O(|θ|) + one graph of g or f at a time.
     """
 
     inner_steps: int
     inner_lr: float
+    lower_batches: Callable[[], Any] | None = None
 
     def __post_init__(self) -> None:
         _check("FOMAML", self.inner_steps, self.inner_lr)
+        check_lower_batches("FOMAML", self.lower_batches)
 
     def step(
         self, problem: Problem, outer: Any, inner: Any, *, upper_batch: Any, lower_batch: Any
@@ -99,7 +114,7 @@ class FOMAML:
         """One meta-step on a batch of tasks; see the class docstring."""
         objectives, variables, adapted = adapt(
             "FOMAML.step", problem, outer, inner, lower_batch,
-            steps=self.inner_steps, lr=self.inner_lr,
+            steps=self.inner_steps, lr=self.inner_lr, lower_batches=self.lower_batches,
         )
         alpha, theta = leaf_aliases(variables.outer), leaf_aliases(adapted.solution)
         where = f"after {self.inner_steps} inner steps"

@@ -3,12 +3,14 @@ meta-learning problem (``bilevel.meta_problem``; docs/bilevel.md, "Meta-learning
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from .._checks import check_int, check_positive
+from .._internals import check_lower_batches
 from ..problem import Problem
 from ._meta import adapt, meta_result, task_mean
 from .base import StepResult
@@ -29,14 +31,20 @@ class Reptile:
     evaluated once at θ_T, without a graph, only to report ``upper_loss`` (the query loss
     after adaptation). ``inner_grad`` = ∇_θ g(α, θ_0), ``inner_solution`` = θ_T.
 
+    ``lower_batches`` (a callable ``() -> batch``): each of the T inner steps draws its own
+    support batch B_t (T draws per ``step``, in order) instead of the step's ``lower_batch`` (then unused);
+    ``inner_grad`` and ``lower_loss`` are the first step's on B_1; f uses ``upper_batch``.
+
     Cost per step: T forward-backward passes of g, one forward of f.
     Memory: O(|θ|) + one graph of g at a time.
     """
 
     inner_steps: int
     inner_lr: float
+    lower_batches: Callable[[], Any] | None = None
 
     def __post_init__(self) -> None:
+        check_lower_batches("Reptile", self.lower_batches)
         check_int("Reptile", "inner_steps", self.inner_steps, minimum=1)
         check_positive("Reptile", "inner_lr", self.inner_lr)
 
@@ -46,7 +54,7 @@ class Reptile:
         """One meta-step on a batch of tasks; see the class docstring."""
         objectives, variables, adapted = adapt(
             "Reptile.step", problem, outer, inner, lower_batch,
-            steps=self.inner_steps, lr=self.inner_lr,
+            steps=self.inner_steps, lr=self.inner_lr, lower_batches=self.lower_batches,
         )
         mean_theta = task_mean(adapted.solution, adapted.batched)
         direction = [a.detach() - m for a, m in zip(variables.outer, mean_theta)]

@@ -4,12 +4,13 @@ Penalty-based Bilevel Gradient Descent Method", ICML 2023), fully first order.""
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from .. import tree
 from .._checks import check_int, check_positive
-from .._internals import Batches
+from .._internals import Batches, batch_drawer, check_lower_batches
 from ..problem import Problem
 from ._state import StepCounter, check_schedule, linear_schedule
 from ._value_function import penalty_point
@@ -46,6 +47,10 @@ class VPBGD:
             is a warm start).
         inner_lr: β, their step size.
         gamma, gamma_growth, gamma_max: the penalty schedule (γ₀ > 0, growth ≥ 0, cap).
+        lower_batches: fresh batches for the inner steps (below).
+
+    ``lower_batches``: fresh batches for the T steps to θ^(T), with q̂ and its gradient on
+    the step's ``lower_batch``, exactly as in :class:`bilevel.BOME`.
 
     Cost per step: T + 1 calls of g (T forward-backward passes, one w.r.t. α only at
     θ^(T)) and one forward-backward of f — BOME's floor. No second derivatives.
@@ -57,9 +62,11 @@ class VPBGD:
     gamma: float = 10.0
     gamma_growth: float = 0.0
     gamma_max: float = math.inf
+    lower_batches: Callable[[], Any] | None = None
     _k: StepCounter = field(default_factory=StepCounter, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        check_lower_batches("VPBGD", self.lower_batches)
         check_int("VPBGD", "inner_steps", self.inner_steps, minimum=1)
         check_positive("VPBGD", "inner_lr", self.inner_lr)
         check_schedule("VPBGD", "gamma", self.gamma, self.gamma_growth, self.gamma_max)
@@ -74,7 +81,7 @@ class VPBGD:
         """One V-PBGD step at (outer, inner); see the class docstring."""
         at = penalty_point(
             "VPBGD.step", problem, outer, inner, Batches(upper=upper_batch, lower=lower_batch),
-            self.inner_steps, self.inner_lr,
+            self.inner_steps, self.inner_lr, batch_drawer("VPBGD.step", self.lower_batches),
         )
         gamma = linear_schedule(self.gamma, self.gamma_growth, self.gamma_max, self._k.k)
         dq, q = at.low.gap_grad(), at.low.gap()
