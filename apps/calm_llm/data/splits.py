@@ -256,10 +256,11 @@ def _dropped_note(found: dict[str, dict[str, list[str]]]) -> str:
     """Why the in-domain sets are smaller than their files, when --dedup drop made them so."""
     dropped = {kind: sum(len(v) for v in per.values()) for kind, per in found.items()}
     if not any(dropped.values()):
-        return ""
+        return "; lower --n-train / --n-calib / --n-test, or give more questions"
     parts = ", ".join(f"{n} {kind}" for kind, n in dropped.items() if n)
     return (f" (--dedup drop removed {sum(dropped.values())} questions before the splits were "
-            f"carved: {parts}; --dedup refuse lists them instead)")
+            f"carved: {parts}; --dedup refuse lists them instead); lower --n-train / --n-calib "
+            "/ --n-test, or give more questions")
 
 
 def split_digest(examples: Sequence[MCQAExample | InstructionExample]) -> str:
@@ -370,12 +371,9 @@ def make_splits(
     else:
         n_mcqa_train = n_train
     if n_mcqa_train + n_calib > sum(available):
-        raise DataError(
-            f"in-domain sets hold {sum(available)} examples after the test sets "
-            f"({dict(zip(names, available))}), fewer than n_train + n_calib = "
-            f"{n_mcqa_train + n_calib}{_dropped_note(found)}; lower --n-train / --n-calib / "
-            "--n-test, or give more questions"
-        )
+        raise DataError(f"in-domain sets hold {sum(available)} examples after the test sets "
+                        f"({dict(zip(names, available))}), fewer than n_train + n_calib = "
+                        f"{n_mcqa_train + n_calib}{_dropped_note(found)}")
     calib_take = allocate(n_calib, available)
     calib = [e for n, k in zip(names, calib_take) for e in rest[n][:k]]
     if instruction_train is None:
