@@ -17,8 +17,10 @@ or, for the whole loop with progress reporting and an info history::
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
 import torch
@@ -191,6 +193,84 @@ class _Progress:
             self.bar.close()
 
 
+CHECKPOINT_FORMAT = 1
+
+
+def _save_checkpoint(path: Path, step: int, outer: Any, inner: Any, optimizers: tuple,
+                     solver: Any, history: History) -> None:
+    """Everything ``fit`` needs to continue after ``step`` outer steps, written atomically (a
+    temp file, then ``os.replace``), so a kill mid-write leaves the previous checkpoint."""
+    state = {
+        "format": CHECKPOINT_FORMAT,
+        "step": step,
+        "outer": [t.detach().clone() for t in tree.leaves(outer)],
+        "inner": [t.detach().clone() for t in tree.leaves(inner)],
+        "optimizers": [None if o is None else o.state_dict() for o in optimizers],
+        # a third-party solver with only `step` is stateless as far as fit can tell
+        "solver": solver.state_dict() if hasattr(solver, "state_dict") else {},
+        "history": [dict(r) for r in history.records],
+    }
+    tmp = path.with_name(path.name + ".tmp")
+    torch.save(state, tmp)
+    os.replace(tmp, path)
+
+
+def _resume(path: Path, outer: Any, inner: Any, optimizers: tuple, solver: Any,
+            history: History) -> int:
+    """Load ``path`` (if it exists) into the variables, optimizers, solver and history; returns
+    the number of outer steps it holds (0 without a checkpoint)."""
+    if not path.is_file():
+        return 0
+    state = torch.load(path, weights_only=True)  # tensors, numbers and lists: nothing pickled
+    if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT:
+        raise ValueError(f"fit: {path} is not a bilevel.fit checkpoint of format {CHECKPOINT_FORMAT}")
+    for name, tensors in (("outer", outer), ("inner", inner)):
+        leaves, saved = tree.leaves(tensors), state[name]
+        if len(leaves) != len(saved) or any(a.shape != b.shape for a, b in zip(leaves, saved)):
+            raise ValueError(
+                f"fit: the checkpoint {path} holds {name} leaves of shapes "
+                f"{[tuple(t.shape) for t in saved]}, not {[tuple(t.shape) for t in leaves]}: "
+                "it belongs to another problem (delete it to start afresh)")
+        with torch.no_grad():
+            for a, b in zip(leaves, saved):
+                a.copy_(b)
+    for optimizer, saved in zip(optimizers, state["optimizers"]):
+        if (optimizer is None) != (saved is None):
+            raise ValueError(f"fit: the checkpoint {path} was written with other optimizers "
+                             "(one is None here but not there)")
+        if optimizer is not None:
+            optimizer.load_state_dict(saved)
+    if hasattr(solver, "load_state_dict"):
+        solver.load_state_dict(state["solver"])
+    history.records = [dict(r) for r in state["history"]]
+    return int(state["step"])
+
+
+def _check_fit_inputs(steps: object, solver: object, optimizers: tuple, outer: Any,
+                      inner: Any) -> None:
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
+        raise ValueError(f"fit: steps must be an int >= 0, got {steps!r}")
+    if not hasattr(solver, "step"):
+        raise TypeError(f"fit: solver must have a step(...) method, got {type(solver).__name__}")
+    _check_holds(optimizers[0], outer, inner, "outer")
+    _check_holds(optimizers[1], inner, outer, "inner")
+
+
+def _resume_point(path: Path | None, every: object, state: tuple,
+                  iterable_source: Callable[[int], Any] | None) -> int:
+    """The step ``fit`` starts at: 0, or the checkpoint's (its state loaded); an iterable
+    batch source is advanced past the pairs the interrupted run consumed."""
+    if path is None:
+        return 0
+    if isinstance(every, bool) or not isinstance(every, int) or every < 1:
+        raise ValueError(f"fit: checkpoint_every must be an int >= 1, got {every!r}")
+    start = _resume(path, *state)
+    if iterable_source is not None:
+        for j in range(start):
+            iterable_source(j)
+    return start
+
+
 def fit(
     problem: Problem,
     solver: Solver,
@@ -208,6 +288,8 @@ def fit(
     progress: bool = True,
     log_every: int = 10,
     desc: str | None = None,
+    checkpoint: str | os.PathLike | None = None,
+    checkpoint_every: int = 1,
 ) -> History:
     """Run ``steps`` outer steps of ``solver`` and apply them with the optimizers.
 
@@ -226,37 +308,40 @@ def fit(
             stops the loop.
         progress: show a tqdm bar if tqdm is installed, else log every ``log_every`` steps
             to the ``"bilevel"`` logger.
+        checkpoint: a file path. Every ``checkpoint_every`` steps (and at the end) ``fit``
+            saves outer, inner, both optimizers' and the solver's ``state_dict`` and the
+            history there (``torch.save``, atomically; ``torch.load(weights_only=True)``
+            reads it). If the file exists when ``fit`` starts, it resumes from it: the same
+            call continues bit for bit where the interrupted one stopped. A callable
+            ``batches`` is called with the global step, so it resumes exactly; an iterable
+            is advanced past the steps already done.
 
     Returns:
         The :class:`History` of every step's ``info``.
     """
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
-        raise ValueError(f"fit: steps must be an int >= 0, got {steps!r}")
-    if not hasattr(solver, "step"):
-        raise TypeError(f"fit: solver must have a step(...) method, got {type(solver).__name__}")
-    _check_holds(outer_optimizer, outer, inner, "outer")
-    _check_holds(inner_optimizer, inner, outer, "inner")
+    _check_fit_inputs(steps, solver, (outer_optimizer, inner_optimizer), outer, inner)
     source = _batch_source(batches, upper_batch, lower_batch)
     history = History()
+    path = None if checkpoint is None else Path(checkpoint)
+    optimizers = (outer_optimizer, inner_optimizer)
+    start = _resume_point(path, checkpoint_every, (outer, inner, optimizers, solver, history),
+                          source if batches is not None and not callable(batches) else None)
     bar = _Progress(steps, progress, max(1, log_every), desc or type(solver).__name__)
     try:
-        for k in range(steps):
+        for k in range(start, steps):
             try:
                 ub, lb = source(k)
             except StopIteration:
                 break
             result = solver.step(problem, outer, inner, upper_batch=ub, lower_batch=lb)
-            apply(
-                result,
-                outer,
-                inner,
-                outer_optimizer=outer_optimizer,
-                inner_optimizer=inner_optimizer,
-                inner_update=inner_update,
-            )
+            apply(result, outer, inner, outer_optimizer=outer_optimizer,
+                  inner_optimizer=inner_optimizer, inner_update=inner_update)
             history.records.append({"step": float(k), **result.info})
             bar.update(k, result.info)
-            if callback is not None and callback(k, result):
+            stop = callback is not None and callback(k, result)
+            if path is not None and (stop or (k + 1) % checkpoint_every == 0 or k + 1 == steps):
+                _save_checkpoint(path, k + 1, outer, inner, optimizers, solver, history)
+            if stop:
                 break
     finally:
         bar.close()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -15,14 +16,14 @@ from .._hypergrad import Implicit
 from .._internals import Batches, CheckedObjectives, FlatVariables, start_step
 from ..linalg import CG, LinearSolve, LinearSolver, Neumann
 from ..problem import Problem
-from ._state import WarmStart
+from ._state import SolverState, WarmStart
 from .base import StepResult
 
 __all__ = ["AID"]
 
 
 @dataclass(frozen=True)
-class AID:
+class AID(SolverState):
     """``inner_steps`` graph-free gradient steps to θ^(T), then the implicit hypergradient
     at θ^(T):  dF/dα = ∇_α f − ∇²_{αθ} g · v,  ∇²_{θθ} g · v = ∇_θ f  (``linear_solver``).
 
@@ -36,7 +37,7 @@ class AID:
     continues the series from it, a different truncation). It is off by default: the
     solver instance then keeps a θ-sized v alive between steps, and a step's result
     depends on the steps before it (equal only to the solver's tolerance).
-    :meth:`reset_warm_start` forgets v.
+    :meth:`reset` forgets v (and :meth:`state_dict` carries it across a restart).
 
     ``lower_batches`` (a callable ``() -> batch``, e.g. ``lambda: next(loader_iter)``) makes
     this stocBiO (Ji, Yang & Liang, "Bilevel optimization: convergence analysis and enhanced
@@ -111,8 +112,10 @@ class AID:
             ) from None
 
     def reset_warm_start(self) -> None:
-        """Forget the stored v: the next step's linear solve starts from 0."""
-        self._last.v = None
+        """Deprecated: :meth:`reset` (the one name every solver has)."""
+        warnings.warn("AID.reset_warm_start() is deprecated; call reset(), the name every "
+                      "solver has", DeprecationWarning, stacklevel=2)
+        self.reset()
 
     def step(
         self, problem: Problem, outer: Any, inner: Any, *, upper_batch: Any, lower_batch: Any

@@ -20,6 +20,7 @@ from .. import tree
 from .._checks import check_int, check_nonnegative, check_positive
 from .._internals import Batches, batch_drawer, check_lower_batches
 from ..problem import Problem
+from ._state import SolverState
 from ._value_function import penalty_point
 from .base import StepResult
 
@@ -29,7 +30,7 @@ _PHIS = ("grad_norm", "value_gap")
 
 
 @dataclass(frozen=True)
-class BOME:
+class BOME(SolverState):
     """The BOME direction for (α, θ) at its cost floor.
 
     Args:

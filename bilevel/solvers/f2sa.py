@@ -21,14 +21,14 @@ from .._internals import (
     start_step,
 )
 from ..problem import Problem
-from ._state import StepCounter, WarmStart, check_schedule, linear_schedule
+from ._state import SolverState, StepCounter, WarmStart, check_schedule, linear_schedule
 from .base import StepResult
 
 __all__ = ["F2SA"]
 
 
 @dataclass(frozen=True)
-class F2SA:
+class F2SA(SolverState):
     """F2SA's Lagrangian  L_λ(α, y, z) = f(α, y) + λ (g(α, y) − g(α, z))  with two inner
     sequences (the paper's names): z ≈ argmin g(α, ·) and y ≈ argmin f(α, ·) + λ g(α, ·).
     Per outer step k, T steps of each from their previous values,
@@ -80,11 +80,6 @@ class F2SA:
         check_schedule("F2SA", "lam", self.lam, self.lam_growth, self.lam_max)
         if not isinstance(self.warm_start, bool):
             raise TypeError(f"F2SA: warm_start must be a bool, got {self.warm_start!r}")
-
-    def reset(self) -> None:
-        """Forget y and restart λ's schedule (k = 0)."""
-        self._k.k = 0
-        self._y.v = None
 
     def step(
         self, problem: Problem, outer: Any, inner: Any, *, upper_batch: Any, lower_batch: Any

@@ -11,13 +11,14 @@ from .._checks import check_int, check_positive
 from .._finite_difference import FiniteDifference
 from .._internals import Batches, batch_drawer, check_lower_batches, start_step
 from ..problem import Problem
+from ._state import SolverState
 from .base import StepResult
 
 __all__ = ["FD"]
 
 
 @dataclass(frozen=True)
-class FD:
+class FD(SolverState):
     """DARTS' second-order approximation (Liu, Simonyan & Yang, ICLR 2019), first order in
     cost: T − 1 graph-free gradient steps θ → θ^(T−1), then at θ^(T−1) one more step
     θ^(T) = θ^(T−1) − β ∇_θ g and

@@ -15,13 +15,14 @@ from ..linalg import CG, LinearSolve, LinearSolver
 from ..meta import MetaProblem
 from ..problem import Problem
 from ._meta import adapt, meta_result
+from ._state import SolverState
 from .base import StepResult
 
 __all__ = ["IMAML"]
 
 
 @dataclass(frozen=True)
-class IMAML:
+class IMAML(SolverState):
     """iMAML: the implicit meta-gradient of the proximal inner problem
     g = Σ_b [L_b(θ_b; support) + (λ/2)‖θ_b − α‖²], at θ_T ≈ θ*(α):
 

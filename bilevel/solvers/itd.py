@@ -18,13 +18,14 @@ from .._internals import (
 )
 from ..inner_optim import SGD, InnerOptimizer, check_inner_optimizer
 from ..problem import Problem
+from ._state import SolverState
 from .base import StepResult
 
 __all__ = ["ITD"]
 
 
 @dataclass(frozen=True)
-class ITD:
+class ITD(SolverState):
     """Unrolled hypergradient through ``inner_steps`` gradient steps of size ``inner_lr``.
 
     ``step`` returns ``outer_grad`` = dF/dα of ``Unrolled(inner_steps, inner_lr, truncate)``

@@ -12,6 +12,7 @@ from .._checks import check_int, check_positive
 from .._internals import CheckedObjectives, batch_drawer, check_lower_batches, flatten_variables
 from ..problem import Problem
 from ._meta import Adapted, adapt, has_task_dim, meta_result, start_from_outer, task_sum
+from ._state import SolverState
 from .base import StepResult
 
 __all__ = ["FOMAML", "MAML"]
@@ -23,7 +24,7 @@ def _check(owner: str, inner_steps: object, inner_lr: object) -> None:
 
 
 @dataclass(frozen=True)
-class MAML:
+class MAML(SolverState):
     """MAML: the outer variable α is the initialization, and the meta-gradient is the exact
     derivative of the query loss after ``inner_steps`` gradient steps from it:
 
@@ -82,7 +83,7 @@ class MAML:
 
 
 @dataclass(frozen=True)
-class FOMAML:
+class FOMAML(SolverState):
     """First-order MAML: MAML's meta-gradient with every Jacobian dθ_T/dα replaced by the
     identity (Finn et al., 2017, section 5.2):
 

@@ -13,13 +13,14 @@ from .._checks import check_int, check_positive
 from .._internals import check_lower_batches
 from ..problem import Problem
 from ._meta import adapt, meta_result, task_mean
+from ._state import SolverState
 from .base import StepResult
 
 __all__ = ["Reptile"]
 
 
 @dataclass(frozen=True)
-class Reptile:
+class Reptile(SolverState):
     """Reptile: adapt to each task from the initialization, then move the initialization
     towards the mean adapted parameters.
 

@@ -16,7 +16,7 @@ from .._autodiff import leaf_aliases
 from .._checks import check_int, check_positive
 from .._internals import CheckedObjectives, FlatVariables, flatten_variables
 from ..problem import Problem
-from ._state import WarmStart
+from ._state import SolverState, WarmStart
 from .base import StepResult
 from .soba import lower_oracles, soba_result, upper_oracles
 
@@ -82,9 +82,30 @@ class _Memory:
         self.lower: SagaTable | None = None
         self.upper: SagaTable | None = None
 
+    def state_dict(self) -> dict:
+        def table(t: SagaTable | None) -> dict | None:
+            if t is None or t.rows is None or t.mean is None:
+                return None
+            return {"rows": [r.clone() for r in t.rows], "mean": [m.clone() for m in t.mean]}
+
+        return {"lower": table(self.lower), "upper": table(self.upper)}
+
+    def load_state_dict(self, state: dict) -> None:
+        for which in ("lower", "upper"):
+            saved = state[which]
+            if saved is None:
+                setattr(self, which, None)
+                continue
+            t = SagaTable(int(saved["rows"][0].shape[0]) if saved["rows"] else 0)
+            t.rows, t.mean = [r.clone() for r in saved["rows"]], [m.clone() for m in saved["mean"]]
+            setattr(self, which, t)
+
+    def clear(self) -> None:
+        self.lower = self.upper = None
+
 
 @dataclass(frozen=True)
-class SABA:
+class SABA(SolverState):
     """SOBA with SAGA variance reduction over finite sums (Dagréou et al. 2022, SABA):
 
         g = (1/n) Σ_i g_i,  f = (1/m) Σ_j f_j   (n = ``n_lower``, m = ``n_upper`` batches)
@@ -123,11 +144,6 @@ class SABA:
         check_positive("SABA", "v_lr", self.v_lr)
         check_int("SABA", "n_upper", self.n_upper, minimum=1)
         check_int("SABA", "n_lower", self.n_lower, minimum=1)
-
-    def reset(self) -> None:
-        """Forget v and both SAGA memories."""
-        self._v.v = None
-        self._memory.lower = self._memory.upper = None
 
     def _index(self, batch: object, which: str) -> tuple[int, Any]:
         n = self.n_upper if which == "upper" else self.n_lower

@@ -15,7 +15,7 @@ from .._autodiff import grad, leaf_aliases, vjp
 from .._checks import check_positive
 from .._internals import CheckedObjectives, FlatVariables, flatten_variables
 from ..problem import Problem
-from ._state import WarmStart
+from ._state import SolverState, WarmStart
 from .base import StepResult
 
 __all__ = ["SOBA", "lower_oracles", "soba_result", "upper_oracles"]
@@ -49,7 +49,7 @@ def upper_oracles(
 
 
 @dataclass(frozen=True)
-class SOBA:
+class SOBA(SolverState):
     """Single loop: θ, the linear-system variable v and α move one step each per outer step,
     all directions evaluated at the same (α, θ, v) (Dagréou et al. 2022, SOBA):
 
@@ -81,10 +81,6 @@ class SOBA:
 
     def __post_init__(self) -> None:
         check_positive("SOBA", "v_lr", self.v_lr)
-
-    def reset(self) -> None:
-        """Forget v: the next step starts from v = 0."""
-        self._v.v = None
 
     def step(
         self, problem: Problem, outer: Any, inner: Any, *, upper_batch: Any, lower_batch: Any

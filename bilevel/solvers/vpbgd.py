@@ -4,6 +4,7 @@ Penalty-based Bilevel Gradient Descent Method", ICML 2023), fully first order.""
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -12,7 +13,7 @@ from .. import tree
 from .._checks import check_int, check_positive
 from .._internals import Batches, batch_drawer, check_lower_batches
 from ..problem import Problem
-from ._state import StepCounter, check_schedule, linear_schedule
+from ._state import SolverState, StepCounter, check_schedule, linear_schedule
 from ._value_function import penalty_point
 from .base import StepResult
 
@@ -20,7 +21,7 @@ __all__ = ["VPBGD"]
 
 
 @dataclass(frozen=True)
-class VPBGD:
+class VPBGD(SolverState):
     """Gradient descent on the value-function penalty  f(α, θ) + γ (g(α, θ) − g*(α)),
     g*(α) = min_θ' g(α, θ'), with g*(α) replaced by g(α, θ^(T)), θ^(T) from T gradient
     steps of size β on a copy of θ (Shen & Chen 2023, the V-PBGD algorithm):
@@ -39,7 +40,7 @@ class VPBGD:
     so the optimizers' learning rates must scale like 1/γ (the paper's step size is
     ≤ 1/(L_f + γ L_g)).
 
-    The schedule counts this instance's ``step`` calls: :meth:`reset_schedule` restarts it
+    The schedule counts this instance's ``step`` calls: :meth:`reset` restarts it
     (a new ``fit`` on a new problem should use a new instance or reset it).
 
     Args:
@@ -72,8 +73,10 @@ class VPBGD:
         check_schedule("VPBGD", "gamma", self.gamma, self.gamma_growth, self.gamma_max)
 
     def reset_schedule(self) -> None:
-        """Restart γ at ``gamma`` (k = 0)."""
-        self._k.k = 0
+        """Deprecated: :meth:`reset` (the one name every solver has)."""
+        warnings.warn("VPBGD.reset_schedule() is deprecated; call reset(), the name every "
+                      "solver has", DeprecationWarning, stacklevel=2)
+        self.reset()
 
     def step(
         self, problem: Problem, outer: Any, inner: Any, *, upper_batch: Any, lower_batch: Any

@@ -224,7 +224,7 @@ def test_vpbgd_direction_is_grad_f_plus_gamma_grad_q_and_gamma_follows_its_sched
     for k, gamma in enumerate([2.0, 2.5, 2.6, 2.6]):
         r = solver.step(PROBLEM, a, t, upper_batch=None, lower_batch=None)
         assert r.info["gamma"] == gamma, k
-    solver.reset_schedule()
+    solver.reset()
     r = solver.step(PROBLEM, a, t, upper_batch=None, lower_batch=None)
     assert r.info["gamma"] == 2.0
     # closed form: θ^(T) = θ* + (I − βA)^T (θ − θ*); ∇q̂ = (−Bᵀ(θ − θ^(T)), Aθ − Bα − c)

@@ -276,7 +276,7 @@ def test_aid_warm_start_saves_cg_iterations_and_keeps_the_hypergradient():
         assert torch.allclose(w, c, rtol=1e-8, atol=1e-10)
     # reset: the next solve starts from zero again, as a fresh solver's does
     problem, alpha, _, _, _ = quadratic(seed=3, d=40, m=2)
-    aid.reset_warm_start()
+    aid.reset()
     r = aid.step(problem, alpha, torch.zeros(40, dtype=F64), upper_batch=None, lower_batch=None)
     assert r.info["solver_iterations"] == cold_iters[0]
 
