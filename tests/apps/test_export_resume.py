@@ -6,6 +6,7 @@ import json
 import logging
 import shutil
 
+import pytest
 import torch
 from safetensors.torch import load_file
 
@@ -19,6 +20,7 @@ def _tensors(path):
     return {k: v.clone() for k, v in load_file(str(path)).items()}
 
 
+@pytest.mark.slow
 def test_a_resume_redoes_missing_and_cut_exports_from_the_final_checkpoint(tmp_path):
     run = tmp_path / "run"
     argv = [*TINY, "--methods", "none", "ts", "sft", "calm", "--checkpoint-every", "1"]
@@ -49,6 +51,7 @@ def test_a_resume_redoes_missing_and_cut_exports_from_the_final_checkpoint(tmp_p
     assert json.loads((ex / "ts" / "calibration.json").read_text()) == t_before
 
 
+@pytest.mark.slow
 def test_a_row_without_a_final_checkpoint_is_named(tmp_path, caplog):
     run, argv = tmp_path / "run", [*TINY, "--methods", "sft", "--checkpoint-every", "0"]
     assert main([*argv, "--out", str(run)]) == 0

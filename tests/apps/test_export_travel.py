@@ -44,6 +44,7 @@ def _eval_sets(splits):
     return [*splits.test.items(), *splits.ood.items()]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("row", ROWS)
 def test_the_export_scores_as_the_run_predicted(run, row):
     out, _, splits = run
@@ -168,6 +169,7 @@ def _lm_eval_option_lls(lm, task_dir):
     return [torch.tensor([float(r[0][0]) for r in s["resps"]]) for s in samples]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("row", ["calm_moved", "ts"])
 def test_lm_eval_scores_the_export_with_its_calibration(run, row, tmp_path, monkeypatch):
     pytest.importorskip("lm_eval")
@@ -189,6 +191,7 @@ def test_lm_eval_scores_the_export_with_its_calibration(run, row, tmp_path, monk
     assert max(float((a - b).abs().max()) for a, b in zip(got, bare)) > 1e-2  # α / T really applied
 
 
+@pytest.mark.slow
 def test_letter_mode_exports_score_as_the_run_predicted(tmp_path):
     """Letter mode: α acts on the answer position's logits and T divides the letters' logits."""
     torch.set_num_threads(1)
@@ -207,6 +210,7 @@ def test_letter_mode_exports_score_as_the_run_predicted(tmp_path):
     assert ts.logits_processors()[0].temperature == cal["temperature"]
 
 
+@pytest.mark.slow
 def test_a_base_given_by_folder_is_checked_and_used(run, tmp_path):
     """An export of a run on a local folder names only the folder: loading it asks for the base,
     and a base passed (as an object, or to lm-eval as base=PATH) is checked and used."""

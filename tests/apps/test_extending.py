@@ -40,6 +40,7 @@ def plugin(tmp_path, monkeypatch):
     sys.modules.pop(PLUGIN, None)
 
 
+@pytest.mark.slow
 def test_a_plugin_method_runs_end_to_end(plugin, tmp_path):
     out = tmp_path / "run"
     argv = [*TINY, "--plugins", plugin, "--methods", "none", "confidence_penalty",
@@ -119,6 +120,7 @@ def test_the_method_is_unknown_without_its_plugin():
         C.parse_args(["--methods", "confidence_penalty"])
 
 
+@pytest.mark.slow
 def test_a_plugin_linear_solver_runs_aid_end_to_end(tmp_path, monkeypatch):
     from apps.calm_llm import solvers
 
@@ -162,6 +164,7 @@ def test_a_plugin_linear_solver_runs_aid_end_to_end(tmp_path, monkeypatch):
         sys.modules.pop("richardson_solver", None)
 
 
+@pytest.mark.slow
 def test_a_plugin_upper_loss_trains_calm_and_is_refused_where_it_cannot_act(tmp_path,
                                                                               monkeypatch):
     from apps.calm_llm.methods.upper import UPPER_LOSSES

@@ -73,6 +73,7 @@ def test_the_doc_parameterization_is_registered_and_inverts(user_module):
         alpha.get("temperature_shift", form="scale_shift")
 
 
+@pytest.mark.slow
 def test_calm_trains_and_exports_the_doc_parameterization(user_module, tmp_path, capsys):
     # the CLI imports the user's module itself (--plugins), before it checks --alpha-param
     plugin = user_module("temperature_shift.py", import_it=False)
@@ -127,6 +128,7 @@ def test_the_doc_source_loads_and_validates(user_module, tmp_path):
     assert exs[2].options[exs[2].label] == "cold" and exs[2].source == "quiz"
 
 
+@pytest.mark.slow
 def test_a_run_trains_and_evaluates_on_the_doc_source(user_module, tmp_path, capsys):
     write_quiz(tmp_path, quiz_rows(40))
     user_module("quiz_source.py")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 
 from apps.calm_llm import distributed
@@ -16,6 +17,7 @@ from apps.calm_llm.runner import load
 BASE = ["--config", "tiny_open_qa", "--n-boot", "0"]
 
 
+@pytest.mark.slow
 def test_untrained_rows_share_the_calibration_forward(tmp_path, monkeypatch):
     calls = []
     real = R.gold_token_logits

@@ -21,6 +21,7 @@ def _results(run):
     return json.loads((run / "metrics.json").read_text())["results"]
 
 
+@pytest.mark.slow
 def test_killed_and_resumed_run_matches_uninterrupted(tmp_path, monkeypatch, capsys):
     assert main([*ARGS, "--out", str(tmp_path / "a")]) == 0
     original = Calm.step
@@ -55,12 +56,14 @@ def test_killed_and_resumed_run_matches_uninterrupted(tmp_path, monkeypatch, cap
                 assert b[m][ds][key] == pytest.approx(a[m][ds][key], rel=1e-5, abs=1e-7)
 
 
+@pytest.mark.slow
 def test_resume_refuses_changed_options(tmp_path, capsys):
     assert main([*ARGS[:-4], "--methods", "none", "--n-boot", "0", "--out", str(tmp_path)]) == 0
     assert main(["--resume", str(tmp_path), "--lr", "0.5"]) != 0
     assert "differ" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_non_finite_loss_names_step_and_checkpoint(tmp_path, monkeypatch, capsys):
     original = SFT.step
 

@@ -2,12 +2,15 @@
 
 import json
 
+import pytest
+
 from apps.calm_llm import config as C
 from apps.calm_llm.__main__ import main
 
 KEYS = {"domain", "n", "accuracy", "conf_ece", "cw_ece", "brier", "nll", "mean_confidence"}
 
 
+@pytest.mark.slow
 def test_every_method_end_to_end(tmp_path, capsys):
     rc = main(["--config", "tiny", "--methods", *C.METHODS, "--steps", "2", "--n-boot", "10",
                "--checkpoint-every", "0", "--out", str(tmp_path)])
@@ -44,6 +47,7 @@ def test_bad_config_fails_before_loading_anything(capsys):
     assert "--alpha-support options needs --mode letter" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_every_trained_method_runs_under_gradient_checkpointing(tmp_path):
     """The paper-7b preset checkpoints activations; the forwards at parameters other than the
     live LoRA tensors (BOME's inner iterates, calm_iterate's detached θ) must still train."""

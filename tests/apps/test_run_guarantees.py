@@ -62,6 +62,7 @@ def _metrics(run):
 
 
 # -- run directories -----------------------------------------------------------------------------
+@pytest.mark.slow
 def test_a_new_run_does_not_write_into_a_finished_run(run_copy, capsys):
     run, _ = run_copy
     before = (run / "metrics.json").read_bytes()
@@ -83,6 +84,7 @@ def test_runs_started_in_the_same_second_get_their_own_folders(tmp_path, monkeyp
 
 
 # -- resume --------------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_resume_refuses_data_that_give_other_splits(run_copy, capsys):
     run, data = run_copy
     saved = (run / "splits.json").read_text()
@@ -106,6 +108,7 @@ def test_resume_refusal_names_the_option_and_both_values(run_copy, capsys):
     assert "--lr: 0.001 (the run's) vs 0.5 (now)" in err
 
 
+@pytest.mark.slow
 def test_evaluation_options_may_change_on_resume(run_copy, capsys):
     run, _ = run_copy
     assert _metrics(run)["results"]["sft"]["sciq"]["n_bins"] == 10
@@ -278,6 +281,7 @@ def test_a_broken_config_file_is_named_with_the_line(tmp_path, name, text, needl
 
 
 # -- data the model sees differently from the file -------------------------------------------------
+@pytest.mark.slow
 def test_a_max_length_that_cuts_prompts_is_warned_about_with_the_count(finished, tmp_path, monkeypatch):
     shutil.copytree(finished / "data", tmp_path / "data")
     monkeypatch.chdir(tmp_path)

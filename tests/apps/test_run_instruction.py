@@ -32,6 +32,7 @@ def test_any_name_reads_alpaca_rows_when_asked(alpaca_file):
         load_source("mine", path=alpaca_file)
 
 
+@pytest.mark.slow
 def test_instruction_training_run(tmp_path, alpaca_file, monkeypatch):
     batches: list = []
     original = Stream.next

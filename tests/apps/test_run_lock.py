@@ -11,6 +11,7 @@ from apps.lock import LOCK_NAME
 
 TINY = ["--config", "tiny", "--n-boot", "0", "--checkpoint-every", "1", "--methods", "sft",
         "--steps", "1", "--no-zero-shot"]
+@pytest.mark.slow
 @pytest.mark.parametrize("flag", ["--out", "--resume"])
 def test_a_folder_held_by_a_live_run_is_refused_naming_it(tmp_path, capsys, flag, hold_lock):
     out = tmp_path / "run"

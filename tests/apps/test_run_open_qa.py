@@ -27,6 +27,7 @@ def full_run(tmp_path_factory):
     return out
 
 
+@pytest.mark.slow
 def test_every_method_is_evaluated_in_the_open_qa_shape(full_run):
     m = _metrics(full_run)
     assert m["task"] == "open_qa"
@@ -55,11 +56,13 @@ def test_every_method_is_evaluated_in_the_open_qa_shape(full_run):
     assert "Semantic-ECE" in (full_run / "results.md").read_text()
 
 
+@pytest.mark.slow
 def test_a_fixed_seed_gives_the_same_answers(full_run, tmp_path):
     assert main([*BASE, "--methods", "ts", "--out", str(tmp_path)]) == 0
     assert score.read_records(tmp_path)["ts"] == score.read_records(full_run)["ts"]
 
 
+@pytest.mark.slow
 def test_killed_and_resumed_run_matches_uninterrupted(full_run, tmp_path, monkeypatch):
     # the rows' seeds do not depend on the other methods: sft and calm here are the full run's
     args = [*BASE, "--methods", "sft", "calm", "--out", str(tmp_path)]
@@ -97,6 +100,7 @@ def test_bad_open_qa_options_are_named(args, message, capsys):
     assert message in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_an_llm_judge_decides_what_alias_matching_does_not(full_run, tmp_path):
     """--match judge on the tiny model: the same samples as the alias-matched run; an answer
     equal to an alias is right, and every other verdict is the judge's."""
@@ -112,6 +116,7 @@ def test_an_llm_judge_decides_what_alias_matching_does_not(full_run, tmp_path):
         assert [r.modal_correct for r in got[ds]] == judge_answers(items, "judge", judge)
 
 
+@pytest.mark.slow
 def test_a_kept_row_edited_in_metrics_json_is_refused_on_resume(tmp_path, capsys):
     args = [*BASE, "--methods", "ts", "--out", str(tmp_path)]
     assert main(args) == 0

@@ -195,6 +195,7 @@ FAULTS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(FAULTS))
 def test_fault_ends_in_one_line_naming_the_cause(name, finished, tmp_path, monkeypatch, capsys):
     fault = FAULTS[name]
@@ -235,6 +236,7 @@ def test_a_non_finite_state_is_never_checkpointed(tmp_path):
     assert (d / "state.safetensors").read_bytes() == before
 
 
+@pytest.mark.slow
 def test_a_run_that_failed_before_training_is_taken_over_by_its_rerun(tmp_path, monkeypatch,
                                                                      capsys):
     out, real_load = tmp_path / "run", model_lib.load

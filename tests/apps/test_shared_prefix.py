@@ -173,6 +173,7 @@ def test_training_forward_gradients_equal_the_plain_layout(objective, layout):
         torch.testing.assert_close(a, b, atol=1e-9, rtol=1e-7)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("solver", ["itd", "aid"])
 def test_second_order_solvers_differentiate_through_the_shared_prefix(solver):
     """ITD/AID take gradients of gradients through either layout (eager attention)."""
@@ -264,6 +265,7 @@ def test_gradient_checkpointing_trains_the_packed_layout_shared():
         torch.testing.assert_close(a, b, atol=1e-6 * float(b.abs().max()), rtol=1e-6)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("shift", [0.0, 0.05])
 def test_checkpointing_gives_the_gradient_at_the_parameters_passed(shift):
     """A checkpointed layer recomputes in the backward, after functional_call restored the

@@ -26,6 +26,7 @@ TINY = S.Study(
 )
 
 
+@pytest.mark.slow
 def test_cells_run_skip_and_summarize(tmp_path, capsys):
     root = tmp_path / "study"
     assert [c.name for c in S.cells(TINY)] == ["reference-seed0", "sft-seed0", "sft-seed1"]

@@ -180,6 +180,7 @@ def built(tmp_path_factory):
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name,study,damage,message", FAULTS, ids=[f[0] for f in FAULTS])
 def test_a_damaged_cell_stops_the_summary_naming_its_file(built, tmp_path, name, study, damage, message):
     root = tmp_path / "root"
@@ -234,6 +235,7 @@ def test_the_command_line_prints_one_line_and_exits_2(built, tmp_path, monkeypat
     assert "v-seed1/metrics.json is unreadable" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["laptop", "laptop-screen", "calm-dynamics", "laptop-open-qa", "final"])
 def test_every_published_cell_agrees_with_its_saved_predictions(name):
     """docs/results/<study>: each finished cell's metrics.json is what its own predictions give;

@@ -63,6 +63,7 @@ def _cell(root, name, t_in, t_ood, seed):
     (root / name / "config.json").write_text(json.dumps({"n_bins": 10}))
 
 
+@pytest.mark.slow
 def test_ts_fails_where_the_shifted_temperature_differs_and_transfers_where_it_does_not(tmp_path):
     # paper prompts: ARC-Easy needs T 5 where SciQ needs 2 (a domain shift TS cannot follow);
     # chat template: both sets need 2 (nothing shifts within it; the format shift from paper is
@@ -110,6 +111,7 @@ def test_nll_at_t_opt_is_the_minimum_over_temperatures():
     assert all(best <= nll(shift.scaled(p, s), y) + 1e-12 for s in np.linspace(0.5, 10, 40))
 
 
+@pytest.mark.slow
 def test_the_published_screen_reproduces_from_its_raw_files():
     """docs/results/ts-shift-screen/shift.json is what the screen computes from the committed
     cells (docs/results.md, "Does temperature scaling fail ...")."""
@@ -142,6 +144,7 @@ def _trained_cell(root, name, t_in, t_ood, seed):
     (root / name / "config.json").write_text(json.dumps({"n_bins": 10}))
 
 
+@pytest.mark.slow
 def test_a_trained_row_is_screened_with_its_in_domain_temperature(tmp_path):
     # SFT under the paper prompt: ARC-Easy needs T 4 where SciQ needs 1.5 (TS fails); under the
     # chat template both need 1.5; the instruction-trained model needs 0.8 on ARC-Easy
@@ -172,6 +175,7 @@ def test_a_trained_row_is_screened_with_its_in_domain_temperature(tmp_path):
     assert "| sft (sft_paper, seed 0) | sciq test (its T_opt), paper |" in shift.markdown(rows)
 
 
+@pytest.mark.slow
 def test_the_published_trained_screen_reproduces_from_its_raw_files():
     """docs/results/ts-shift-trained/shift.json is what the screen computes from the committed
     cells (docs/results.md, "After fine-tuning")."""
@@ -186,6 +190,7 @@ def test_the_published_trained_screen_reproduces_from_its_raw_files():
         assert r["verdict"] == ("TS fails" if reverse else "TS transfers")
 
 
+@pytest.mark.slow
 def test_the_published_final_screen_reproduces_from_its_raw_files():
     """docs/results/final/shift.json (docs/results.md, "The final study"): seed 0's untrained and
     fine-tuned rows recomputed from the committed cells (the whole screen, 5 seeds and every CALM

@@ -79,6 +79,7 @@ def test_a_number_that_is_not_finite_is_named():
     assert gpu_check.summarize([], None) == {"steps": 0}
 
 
+@pytest.mark.slow
 def test_peak_memory_is_recorded_from_the_device_statistics(tmp_path, monkeypatch):
     """On a GPU every step records the allocator's peak; here a stand-in reports one."""
     from apps.calm_llm.__main__ import main

@@ -15,6 +15,7 @@ from bench import calm_step, hypergrad, scaling
 FIELDS = {"problem", "size", "library", "method", "seconds_median", "peak_mem_mb", "rel_error"}
 
 
+@pytest.mark.slow
 def test_hypergrad_quick_smallest(tmp_path):
     stem = tmp_path / "hg"
     hypergrad.main(
@@ -65,6 +66,7 @@ def _has_a_timing(record):
     assert ok, record
 
 
+@pytest.mark.slow
 def test_scaling_quick_smallest(tmp_path):
     stem = tmp_path / "scaling"
     scaling.main(["--quick", "--smallest", "--budget", "0", "--no-memory", "--out", str(stem)])
@@ -222,6 +224,7 @@ def test_the_trainer_peer_refuses_an_optimizer_it_cannot_match():
     cfg = training.app_config("tiny", {"train": {"optimizer": "adam"}}, steps=4)
     with pytest.raises(ValueError, match="train.optimizer 'adam'.*adamw"):
         training.HFTrainerStep(cfg, lambda: None)
+@pytest.mark.slow
 def test_peers_quick_runs_every_library_on_the_same_problems(tmp_path):
     """bench.peers --quick: bilevel runs every (problem, method) and matches the independent
     float64 oracle; a peer that is installed either agrees with bilevel where both implement
@@ -285,6 +288,7 @@ def test_peers_drift_stays_at_rounding_on_the_convex_problem(tmp_path):
     assert all(0 <= v < 1e-4 for r in rows for k, v in r.items() if k != "step"), rows
     peers.main(["--drift", "2", "--problems", "l2_hpo", "--out", str(stem)])
     assert "| step | bilevel |" in stem.with_suffix(".md").read_text()
+@pytest.mark.slow
 def test_contention_quick(tmp_path):
     """bench.contention --quick on the tiny model, one thread count, one policy, two loads: the
     records and tables are written with every field (no timing is asserted)."""

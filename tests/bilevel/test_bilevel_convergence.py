@@ -91,6 +91,7 @@ def test_f2sa_with_a_growing_lambda_converges_to_the_bilevel_solution():
     assert rel(a, a_lam) < 1e-3  # where a λ ≈ 300 penalty puts it
 
 
+@pytest.mark.slow
 def test_vpbgd_with_a_fixed_gamma_converges_to_the_penalized_minimizer():
     # β = 2/3 contracts θ^(T) towards θ* by 1/3 per step (A's eigenvalues in [1, 2]), so
     # T = 12 makes g(α, θ^(T)) = g*(α) to ~1e-6 and V-PBGD's fixed point that of P_γ.
@@ -132,6 +133,7 @@ def test_the_penalized_minimizers_approach_the_bilevel_solution_like_one_over_th
         assert 8 < big / small < 12
 
 
+@pytest.mark.slow
 def test_bome_converges_to_the_bilevel_solution():
     # BOME's λ only grows as far as the descent condition needs (here to ≈ 20), so like a
     # penalty method it approaches the solution slowly: 0.8 % after 600 steps with the

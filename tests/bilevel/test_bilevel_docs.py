@@ -4,9 +4,12 @@ import ast
 import re
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow
 def test_doc_example_runs(capsys):
     text = (ROOT / "docs" / "bilevel.md").read_text()
     blocks = re.findall(r"```python\n(.*?)```", text, flags=re.S)

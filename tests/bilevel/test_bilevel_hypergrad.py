@@ -63,6 +63,7 @@ def relerr(x, y):
     return float((x - y).norm() / max(float(y.norm()), 1e-12))
 
 
+@pytest.mark.slow
 @SETTINGS
 @given(problems)
 def test_implicit_matches_closed_form_on_random_quadratics(prob):
@@ -175,6 +176,7 @@ def ridge(n, d, seed, per_feature):
     return bilevel.Problem(upper=upper, lower=lower), log_lam, w_star, exact, (X, y), (Xv, yv), H
 
 
+@pytest.mark.slow
 @SETTINGS
 @given(st.integers(5, 40), st.integers(1, 6), st.integers(0, 2**16), st.booleans())
 def test_ridge_with_learned_regularization(n, d, seed, per_feature):

@@ -34,6 +34,7 @@ def from_tree(t) -> torch.Tensor:
 systems = st.tuples(st.integers(1, 12), st.floats(1.0, 50.0), st.integers(0, 2**16))
 
 
+@pytest.mark.slow
 @SETTINGS
 @given(systems)
 def test_solvers_match_dense_solve_over_pytrees(system):

@@ -87,6 +87,7 @@ def test_no_saved_tensor_outlives_a_step(solver):
         assert not t.requires_grad and t.grad_fn is None
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("inner_update", ["optimizer", "solution"])
 def test_itd_memory_does_not_grow_across_outer_steps(inner_update):
     problem, outer, inner = _problem()

@@ -94,6 +94,7 @@ def _uniform_indices(steps, seed=1):
 STEPS = 2000
 
 
+@pytest.mark.slow
 def test_saba_converges_to_the_bilevel_solution_with_constant_step_sizes():
     idx = _uniform_indices(STEPS)
 
@@ -107,6 +108,7 @@ def test_saba_converges_to_the_bilevel_solution_with_constant_step_sizes():
     assert errors[-1] < 1e-3 * errors[0]
 
 
+@pytest.mark.slow
 def test_stochastic_soba_with_the_same_steps_only_reaches_a_noise_ball():
     idx = _uniform_indices(STEPS)
     stochastic, _ = _run(bilevel.SOBA(0.2), STEPS, lambda k: (UPPER[idx[k][0]], LOWER[idx[k][1]]))

@@ -82,6 +82,7 @@ def _run(problem, solver, outer, inner, steps, lr):
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("phi", ["grad_norm", "value_gap"])
 def test_bome_solves_the_singleton_toy(phi):
     outer, inner = leaves(3.0, [-2.0, 0.5])
@@ -90,6 +91,7 @@ def test_bome_solves_the_singleton_toy(phi):
     assert torch.allclose(inner["t"].detach(), torch.ones(2, dtype=F64), atol=1e-3)
 
 
+@pytest.mark.slow
 def test_bome_solves_a_lower_level_with_many_minimizers():
     # g = ½(θ₀ + θ₁ − α)² is minimized by the whole line θ₀ + θ₁ = α: its Hessian
     # [[1, 1], [1, 1]] is singular, so θ*(α) and implicit differentiation are undefined.

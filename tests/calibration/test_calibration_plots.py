@@ -40,6 +40,7 @@ def test_reliability_diagram_errors():
         plots.reliability_diagram(curves(), "x.png", n_bins=0)
 
 
+@pytest.mark.slow
 def test_package_imports_neither_matplotlib_nor_transformers():
     # Block transformers outright: importing calibration must not need it, and matplotlib must
     # stay unimported until a plot is drawn.

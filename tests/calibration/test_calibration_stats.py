@@ -33,6 +33,7 @@ def _coverage(n_seeds: int, sd_seed: float, *, hierarchical: bool, reps: int = 3
     return covered / reps
 
 
+@pytest.mark.slow
 def test_hierarchical_interval_covers_the_true_difference_and_the_question_only_one_does_not():
     # seed SE 0.03/√5 = 0.013 ≈ question SE 0.2/√200 = 0.014 (the laptop study's proportions)
     hierarchical = _coverage(5, 0.03, hierarchical=True)

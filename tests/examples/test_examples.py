@@ -34,6 +34,7 @@ def outputs(module, tmp_path):
     return record, final
 
 
+@pytest.mark.slow
 def test_hyper_cleaning_beats_training_on_the_corrupted_labels(tmp_path):
     record, final = outputs(hyper_cleaning, tmp_path)
     assert set(record["curves"]) == {
@@ -49,6 +50,7 @@ def test_hyper_cleaning_beats_training_on_the_corrupted_labels(tmp_path):
         assert final[f"linear/{solver}"]["f1"] > 0.75, (solver, final[f"linear/{solver}"])
 
 
+@pytest.mark.slow
 def test_l2_hpo_lowers_the_validation_loss_below_a_fixed_regularization(tmp_path):
     record, final = outputs(l2_hpo, tmp_path)
     base = final["no HPO (α = 0)"]
@@ -59,6 +61,7 @@ def test_l2_hpo_lowers_the_validation_loss_below_a_fixed_regularization(tmp_path
     assert all(abs(final[s]["mean_log_reg"]) > 1e-3 for s in ("BOME", "ITD", "AID"))
 
 
+@pytest.mark.slow
 def test_few_shot_meta_learning_improves_on_the_initialization(tmp_path):
     record, final = outputs(few_shot_sinusoid, tmp_path)
     assert set(record["curves"]) == set(few_shot_sinusoid.LEARNERS)
