@@ -123,7 +123,8 @@ class IterativeSolver(LinearSolver):
     * A residual above ``divergence_factor`` × the starting residual ‖b − A x₀‖ (‖b‖ without
       ``init``) is divergence: ``on_divergence="raise"`` (default) raises
       :class:`bilevel.errors.DivergenceError` (a ``FloatingPointError``), ``"warn"`` stops
-      there with a ``ConvergenceWarning`` and returns that iterate (``converged=False``),
+      there (Neumann without ``tol``: at the end, where it checks) with a
+      ``ConvergenceWarning`` and returns that iterate (``converged=False``),
       ``"ignore"`` iterates on (a non-finite value still raises ``FloatingPointError``).
       1e3 is far above the transient growth of CG's residual on the ill-conditioned SPD
       systems of the tests (below 10×), and far below the 1e29 a diverging Neumann series
@@ -160,7 +161,7 @@ class IterativeSolver(LinearSolver):
         )
         if self.on_divergence == "raise":
             raise DivergenceError(msg)
-        warnings.warn(f"{msg} (on_divergence='warn': stopped there)", ConvergenceWarning,
+        warnings.warn(f"{msg} (on_divergence='warn': returning this iterate)", ConvergenceWarning,
                       stacklevel=stacklevel)
         return True
 
