@@ -49,7 +49,7 @@ threshold, max(tol·‖b‖, atol); NormalCG also when ``normal_residual`` = ‖
 tol·‖Aᵀ b‖). Dense also reports ``rank``. Every iterative solver (``IterativeSolver``) warns
 :class:`bilevel.errors.ConvergenceWarning` when it stops unconverged
 (``on_unconverged="warn" | "ignore"``) and raises :class:`bilevel.errors.DivergenceError`
-when its residual exceeds ``divergence_factor`` (1e3) × the starting one
+when its residual exceeds ``divergence_factor`` (1e3; CG 1e6) × the starting one
 (``on_divergence="raise" | "warn" | "ignore"``).
 """
 

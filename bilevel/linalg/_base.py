@@ -126,9 +126,9 @@ class IterativeSolver(LinearSolver):
       there (Neumann without ``tol``: at the end, where it checks) with a
       ``ConvergenceWarning`` and returns that iterate (``converged=False``),
       ``"ignore"`` iterates on (a non-finite value still raises ``FloatingPointError``).
-      1e3 is far above the transient growth of CG's residual on the ill-conditioned SPD
-      systems of the tests (below 10×), and far below the 1e29 a diverging Neumann series
-      reaches before it overflows.
+      The default 1e3 is far below the 1e29 a diverging Neumann series reached silently
+      before it overflowed; MINRES's and NormalCG's residuals never increase, and CG's
+      default is 1e6 (its residual can grow transiently, see :class:`CG`).
     """
 
     on_unconverged: str = field(default="warn", kw_only=True)

@@ -203,6 +203,18 @@ def test_a_step_above_two_over_lambda_max_raises_divergence_early(make):
         assert info["residual"] < 1e5 * float(b.norm())
 
 
+def test_cg_on_an_ill_conditioned_spd_system_is_not_called_divergent():
+    # CG's residual grows transiently by ~√κ/20 (≈ 480× at κ = 1e8): below CG's 1e6 default
+    n = 50
+    q = _orthogonal(n, 19)
+    a = (q * torch.logspace(0, 8, n, dtype=F64)) @ q.T
+    b = _rhs(n, 19)
+    x, info = _solve(linalg.CG(maxiter=2000, tol=1e-9, on_unconverged="ignore"), a, b)
+    assert torch.isfinite(x).all() and info["residual"] < float(b.norm())
+    with pytest.raises(DivergenceError):  # the same solve under a 10× factor: the growth is real
+        _solve(linalg.CG(maxiter=2000, tol=1e-9, divergence_factor=10.0), a, b)
+
+
 @pytest.mark.parametrize(
     "make, match",
     [
