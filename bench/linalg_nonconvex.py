@@ -15,6 +15,7 @@ the median time per hypergradient. docs/bilevel.md, "Which linear solver?", quot
 
 from __future__ import annotations
 
+import re
 import statistics
 import time
 import warnings
@@ -120,6 +121,11 @@ SOLVERS = {
     "NormalCG": lambda lr: linalg.NormalCG(maxiter=500, tol=1e-10),
     "Neumann(500)": lambda lr: linalg.Neumann(steps=500, lr=lr),
     "FixedPoint": lambda lr: linalg.FixedPoint(maxiter=500, lr=lr, tol=1e-10),
+    # what the two returned before the divergence check: finite, silent and wrong
+    "Neumann, ignore": lambda lr: linalg.Neumann(steps=500, lr=lr, on_divergence="ignore",
+                                                 on_unconverged="ignore"),
+    "FixedPt, ignore": lambda lr: linalg.FixedPoint(maxiter=500, lr=lr, tol=1e-10,
+                                                    on_divergence="ignore", on_unconverged="ignore"),
     "Dense": lambda lr: linalg.Dense(),
 }
 
@@ -136,7 +142,8 @@ def measure(case: MLPCase, name: str, solver: Any, repeats: int = 5) -> dict[str
             try:
                 grad, info = case.hypergrad(solver)
             except (FloatingPointError, ArithmeticError) as e:
-                row["said"] = f"raised {type(e).__name__}"
+                where = re.search(r"at iteration \d+", str(e))
+                row["said"] = f"raised {type(e).__name__}" + (f" {where[0]}" if where else "")
                 return row
             times.append(time.perf_counter() - start)
     row["error"] = float((grad - case.exact).norm() / case.exact.norm())
