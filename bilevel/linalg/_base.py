@@ -13,7 +13,7 @@ from typing import Any, Protocol
 import torch
 
 from .. import tree
-from .._checks import check_positive
+from .._checks import check_int, check_nonnegative, check_positive
 from ..errors import ConvergenceWarning, DivergenceError
 
 ListMatvec = Callable[[list[torch.Tensor]], list[torch.Tensor]]
@@ -135,8 +135,19 @@ class IterativeSolver(LinearSolver):
     on_divergence: str = field(default="raise", kw_only=True)
     divergence_factor: float = field(default=1e3, kw_only=True)
 
-    def _check_contract(self) -> None:
+    def __post_init__(self) -> None:
+        """Check the options by name, the same way on every solver: ``maxiter`` ≥ 1 (zero
+        iterations would silently return x = 0, torchopt #222), ``steps`` ≥ 0, ``lr`` > 0,
+        ``tol``, ``atol``, ``ridge`` ≥ 0, then the contract's own options."""
         name = type(self).__name__
+        for option, minimum in (("maxiter", 1), ("steps", 0)):
+            if hasattr(self, option):
+                check_int(name, option, getattr(self, option), minimum=minimum)
+        if hasattr(self, "lr"):
+            check_positive(name, "lr", self.lr)  # type: ignore[attr-defined]
+        for option in ("tol", "atol", "ridge"):
+            if hasattr(self, option):
+                check_nonnegative(name, option, getattr(self, option))
         _check_choice(name, "on_unconverged", self.on_unconverged, UNCONVERGED_POLICIES)
         _check_choice(name, "on_divergence", self.on_divergence, DIVERGENCE_POLICIES)
         check_positive(name, "divergence_factor", self.divergence_factor)

@@ -10,7 +10,6 @@ from dataclasses import dataclass, field
 import torch
 
 from .. import tree
-from .._checks import check_int, check_nonnegative
 from ..errors import NegativeCurvatureError
 from ._base import (
     Info,
@@ -29,15 +28,19 @@ NEGATIVE_CURVATURE_POLICIES = ("stop", "raise")
 
 
 def _start(
-    owner: str, matvec: ListMatvec, b: list[torch.Tensor], init: Sequence[torch.Tensor] | None
-) -> tuple[list[torch.Tensor], list[torch.Tensor], float, float]:
-    """``(x₀, r₀ = b − A x₀, ‖b‖, ‖r₀‖²)``; x₀ = 0 (no matvec) without ``init``."""
+    solver: IterativeSolver, matvec: ListMatvec, b: list[torch.Tensor],
+    init: Sequence[torch.Tensor] | None,
+) -> tuple[ListMatvec, list[torch.Tensor], list[torch.Tensor], float, float]:
+    """``(A + ridge·I, x₀, r₀ = b − A x₀, ‖b‖, ‖r₀‖²)``; x₀ = 0 (no matvec) without ``init``."""
+    owner = type(solver).__name__
+    matvec = _with_ridge(matvec, solver.ridge)  # type: ignore[attr-defined]
     bb = _finite(float(tree.sq_norm_list(b)), owner, "‖b‖²", 0)
     if init is None:
-        return tree.zeros_like_list(b), [t.clone() for t in b], math.sqrt(bb), bb
+        return matvec, tree.zeros_like_list(b), [t.clone() for t in b], math.sqrt(bb), bb
     x = _check_init(init, b, owner)
     r = _residual(matvec, b, x)
-    return x, r, math.sqrt(bb), _finite(float(tree.sq_norm_list(r)), owner, "‖b − A·init‖²", 0)
+    rr = _finite(float(tree.sq_norm_list(r)), owner, "‖b − A·init‖²", 0)
+    return matvec, x, r, math.sqrt(bb), rr
 
 
 def _two(a: torch.Tensor, b: torch.Tensor) -> tuple[float, float]:
@@ -86,13 +89,9 @@ class CG(IterativeSolver):
     divergence_factor: float = field(default=1e6, kw_only=True)
 
     def __post_init__(self) -> None:
-        check_int("CG", "maxiter", self.maxiter, minimum=1)
-        check_nonnegative("CG", "tol", self.tol)
-        check_nonnegative("CG", "atol", self.atol)
-        check_nonnegative("CG", "ridge", self.ridge)
+        super().__post_init__()
         _check_choice("CG", "negative_curvature", self.negative_curvature,
                       NEGATIVE_CURVATURE_POLICIES)
-        self._check_contract()
 
     def _hint(self) -> str:
         return (f"raise maxiter (now {self.maxiter}) or tol (now {self.tol:g}); an indefinite or "
@@ -105,9 +104,7 @@ class CG(IterativeSolver):
         init: Sequence[torch.Tensor] | None = None,
     ) -> tuple[list[torch.Tensor], Info]:
         """``(x, {"iterations", "residual", "converged"})`` for (A + ridge·I) x = b."""
-        b = list(b)
-        matvec = _with_ridge(matvec, self.ridge)
-        x, r, bnorm, rr = _start("CG", matvec, b, init)
+        matvec, x, r, bnorm, rr = _start(self, matvec, list(b), init)
         if bnorm == 0.0:
             return self._report(tree.zeros_like_list(b), 0, 0.0, 0.0)
         return self._iterate(matvec, x, r, rr, max(self.tol * bnorm, self.atol))
@@ -177,13 +174,6 @@ class MINRES(IterativeSolver):
     atol: float = 0.0
     ridge: float = 0.0
 
-    def __post_init__(self) -> None:
-        check_int("MINRES", "maxiter", self.maxiter, minimum=1)
-        check_nonnegative("MINRES", "tol", self.tol)
-        check_nonnegative("MINRES", "atol", self.atol)
-        check_nonnegative("MINRES", "ridge", self.ridge)
-        self._check_contract()
-
     def _hint(self) -> str:
         return f"raise maxiter (now {self.maxiter}) or tol (now {self.tol:g})"
 
@@ -194,9 +184,7 @@ class MINRES(IterativeSolver):
         init: Sequence[torch.Tensor] | None = None,
     ) -> tuple[list[torch.Tensor], Info]:
         """``(x, {"iterations", "residual", "converged"})`` for (A + ridge·I) x = b."""
-        b = list(b)
-        matvec = _with_ridge(matvec, self.ridge)
-        x, r, bnorm, rr = _start("MINRES", matvec, b, init)
+        matvec, x, r, bnorm, rr = _start(self, matvec, list(b), init)
         r0norm = math.sqrt(rr)
         threshold = max(self.tol * bnorm, self.atol)
         if r0norm <= threshold or r0norm == 0.0:
@@ -266,13 +254,6 @@ class NormalCG(IterativeSolver):
     atol: float = 0.0
     ridge: float = 0.0
 
-    def __post_init__(self) -> None:
-        check_int("NormalCG", "maxiter", self.maxiter, minimum=1)
-        check_nonnegative("NormalCG", "tol", self.tol)
-        check_nonnegative("NormalCG", "atol", self.atol)
-        check_nonnegative("NormalCG", "ridge", self.ridge)
-        self._check_contract()
-
     def _hint(self) -> str:
         return (f"raise maxiter (now {self.maxiter}; the normal equations square the condition "
                 f"number) or tol (now {self.tol:g}); on a nonsingular Hessian MINRES is faster")
@@ -285,8 +266,7 @@ class NormalCG(IterativeSolver):
     ) -> tuple[list[torch.Tensor], Info]:
         """``(x, {"iterations", "residual", "converged", "normal_residual", "matvecs"})``."""
         b = list(b)
-        matvec = _with_ridge(matvec, self.ridge)
-        x, s, bnorm, ss = _start("NormalCG", matvec, b, init)
+        matvec, x, s, bnorm, ss = _start(self, matvec, b, init)
         s0norm = math.sqrt(ss)
         threshold = max(self.tol * bnorm, self.atol)
         if bnorm == 0.0:

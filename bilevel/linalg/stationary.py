@@ -10,7 +10,6 @@ from dataclasses import dataclass
 import torch
 
 from .. import tree
-from .._checks import check_int, check_nonnegative, check_positive
 from ..errors import DivergenceError
 from ._base import Info, IterativeSolver, ListMatvec, _check_init, _finite, _residual, _with_ridge
 
@@ -52,14 +51,6 @@ class Neumann(IterativeSolver):
     tol: float = 0.0
     ridge: float = 0.0
     atol: float = 0.0
-
-    def __post_init__(self) -> None:
-        check_int("Neumann", "steps", self.steps, minimum=0)
-        check_positive("Neumann", "lr", self.lr)
-        check_nonnegative("Neumann", "tol", self.tol)
-        check_nonnegative("Neumann", "ridge", self.ridge)
-        check_nonnegative("Neumann", "atol", self.atol)
-        self._check_contract()
 
     def _hint(self) -> str:
         return f"raise steps (now {self.steps}) or set tol; " + _richardson_hint(self.lr)
@@ -137,13 +128,6 @@ class FixedPoint(IterativeSolver):
     lr: float = 1.0
     tol: float = 1e-6
     atol: float = 0.0
-
-    def __post_init__(self) -> None:
-        check_int("FixedPoint", "maxiter", self.maxiter, minimum=1)
-        check_positive("FixedPoint", "lr", self.lr)
-        check_nonnegative("FixedPoint", "tol", self.tol)
-        check_nonnegative("FixedPoint", "atol", self.atol)
-        self._check_contract()
 
     def _hint(self) -> str:
         return f"raise maxiter (now {self.maxiter}); " + _richardson_hint(self.lr)
