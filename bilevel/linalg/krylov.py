@@ -43,12 +43,6 @@ def _start(
     return matvec, x, r, math.sqrt(bb), rr
 
 
-def _two(a: torch.Tensor, b: torch.Tensor) -> tuple[float, float]:
-    """Two 0-dim tensors read back in one device sync."""
-    first, second = torch.stack([a.reshape(()), b.reshape(()).to(a.dtype)]).tolist()
-    return first, second
-
-
 @dataclass(frozen=True)
 class CG(IterativeSolver):
     """Conjugate gradients for symmetric positive-definite A (solves (A + ridge·I) x = b).
@@ -116,12 +110,12 @@ class CG(IterativeSolver):
         """The CG loop from iterate ``x`` with residual ``r`` (‖r‖² = rr), in place."""
         p = [t.clone() for t in r]
         r0norm, it, top, reason = math.sqrt(rr), 0, 0.0, None
+        pp = rr  # ‖p‖², by the recurrence below (no extra inner product per iteration)
         eps = tree.numel_list(r) * torch.finfo(r[0].dtype).eps
         while it < self.maxiter and math.sqrt(rr) > threshold:
             ap = matvec(p)
             it += 1
-            pap, pp = _two(tree.dot_list(p, ap), tree.sq_norm_list(p))
-            _finite(pap, "CG", "pᵀAp", it)
+            pap = _finite(float(tree.dot_list(p, ap)), "CG", "pᵀAp", it)
             top = max(top, pap / pp) if pp > 0 else top
             if pap <= 0.0 or pap <= eps * top * pp:
                 reason = self._curvature(pap, it)
@@ -131,6 +125,10 @@ class CG(IterativeSolver):
             torch._foreach_add_(r, ap, alpha=-alpha)
             rr_new = _finite(float(tree.sq_norm_list(r)), "CG", "‖r‖²", it)
             beta, rr = rr_new / rr, rr_new
+            # p ← r + β p with rᵀp = 0 (CG's residuals are orthogonal to the previous search
+            # directions): ‖p‖² ← ‖r‖² + β²‖p‖², exact up to round-off, enough for the
+            # n·ε curvature test it serves
+            pp = rr + beta * beta * pp
             if self._diverging(math.sqrt(rr), r0norm, it):
                 reason = ""
                 break

@@ -68,9 +68,11 @@ class Neumann(IterativeSolver):
         r0 = b if x0 is None else _residual(matvec, b, x0)
         p = [t.clone() for t in r0]  # current term (I − lr A)^k r0
         acc = [t.clone() for t in r0]  # running sum of terms
-        bnorm, r0norm = _two_norms(b, r0)
-        threshold = max(self.tol * bnorm, self.atol)
-        it, pnorm, reason = 0, r0norm, None
+        extra = [] if x0 is None else [r0]
+        it, reason, threshold = 0, None, 0.0
+        if self.tol > 0:  # the per-term test needs ‖b‖ and ‖r₀‖ now (one sync)
+            bnorm, *rest = _norms(b, *extra)
+            r0norm, threshold = (rest or [bnorm])[0], max(self.tol * bnorm, self.atol)
         for _ in range(self.steps):
             if self.tol > 0:
                 pnorm = math.sqrt(float(tree.sq_norm_list(p)))
@@ -85,8 +87,9 @@ class Neumann(IterativeSolver):
         if x0 is not None:
             torch._foreach_add_(acc, x0)
         # one check at the end (one device sync, not one per term): NaN and inf persist in the
-        # sum, so a term that overflowed anywhere shows here
-        total, pnorm = _two_norms(acc, p)
+        # sum, so a term that overflowed anywhere shows here; ‖b‖ and ‖r₀‖ come with it
+        total, pnorm, bnorm, *rest = _norms(acc, p, b, *extra)
+        r0norm, threshold = (rest or [bnorm])[0], max(self.tol * bnorm, self.atol)
         if not math.isfinite(total):
             raise self._non_finite(bnorm, pnorm, total, it)
         if reason is None and self._diverging(pnorm, r0norm, it):
@@ -104,11 +107,9 @@ class Neumann(IterativeSolver):
         return DivergenceError(f"{head}; the terms grew from ‖b‖ = {b_norm:.3g} to {last:.3g}; {fix}")
 
 
-def _two_norms(a: list[torch.Tensor], b: list[torch.Tensor]) -> tuple[float, float]:
-    """‖a‖ and ‖b‖ (possibly inf/NaN) in one device sync."""
-    sq = torch.stack([tree.sq_norm_list(a).reshape(()), tree.sq_norm_list(b).reshape(())])
-    first, second = sq.double().sqrt().tolist()
-    return first, second
+def _norms(*lists: list[torch.Tensor]) -> list[float]:
+    """The norms of ``lists`` (possibly inf/NaN) in one device sync."""
+    return [math.sqrt(v) for v in torch.stack([tree.sq_norm_list(x) for x in lists]).tolist()]
 
 
 @dataclass(frozen=True)
