@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import bilevel
-from bench.linalg_nonconvex import hyper_cleaning_mlp
+from bench.linalg_nonconvex import hyper_cleaning_mlp, measure
 from bilevel import linalg
 from bilevel.errors import ConvergenceWarning, DivergenceError, NegativeCurvatureError
 
@@ -281,6 +281,13 @@ def test_cg_warns_and_the_richardson_solvers_raise_on_the_mlp(mlp):
         warn = dataclasses.replace(solver, on_divergence="warn")
         with pytest.warns(ConvergenceWarning, match="diverged"):
             assert mlp.hypergrad(warn)[1]["solver_converged"] == 0.0
+
+
+def test_the_bench_rows_report_what_each_solver_did(mlp):
+    row = measure(mlp, "MINRES", linalg.MINRES(maxiter=500, tol=1e-10), repeats=1)
+    assert row["error"] < 1e-8 and row["converged"] is True and row["said"] == "nothing"
+    row = measure(mlp, "FixedPoint", linalg.FixedPoint(maxiter=500, lr=1.0), repeats=1)
+    assert row["said"].startswith("raised DivergenceError at iteration")
 
 
 # -- fit applies nothing from a step whose linear solve diverged ---------------------------------
