@@ -131,6 +131,19 @@ def test_cg_on_a_singular_system_outside_the_range_stops_instead_of_exploding():
     assert float(x.norm()) < 1e3 * float((torch.linalg.pinv(a) @ b).norm())
 
 
+def test_the_zero_curvature_test_leaves_float32_spd_systems_alone():
+    # the threshold is 10·ε relative to the largest curvature seen, not n·ε (n·ε in float32
+    # would stop CG at legitimate directions of large problems)
+    n = 400
+    q = _orthogonal(n, 5)
+    a = ((q * torch.logspace(0, 3, n, dtype=F64)) @ q.T).float()
+    b = _rhs(n, 5).float()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        x, info = _solve(linalg.CG(maxiter=n, tol=1e-4), a, b)
+    assert info["converged"] and float((b - a @ x).norm()) < 1e-3 * float(b.norm())
+
+
 # -- the convergence contract ------------------------------------------------------------------
 def _spd(n=6, seed=2):
     q = _orthogonal(n, seed)
