@@ -26,7 +26,12 @@ See docs/bilevel.md for the formulas, costs and a runnable example.
 from . import errors, inner_optim, linalg, tree
 from ._finite_difference import FiniteDifference
 from ._hypergrad import Estimate, HypergradMethod, Implicit, Unrolled, hypergrad
-from .errors import ConvergenceWarning, DivergenceError, UnusedLeafWarning
+from .errors import (
+    ConvergenceWarning,
+    DivergenceError,
+    NegativeCurvatureError,
+    UnusedLeafWarning,
+)
 from .inner_optim import SGD, Adam
 from .loop import History, apply, fit
 from .meta import MetaProblem, meta_problem, task_copies
@@ -70,6 +75,7 @@ __all__ = [
     "Implicit",
     "MAML",
     "MetaProblem",
+    "NegativeCurvatureError",
     "Problem",
     "Reptile",
     "SABA",

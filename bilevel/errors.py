@@ -5,6 +5,8 @@ that a caller can filter, escalate or catch exactly one kind.
   before its tolerance: the result is an approximation of unstated quality.
 * :class:`DivergenceError` — an iterative solve whose residual grew past its stated factor:
   the result is wrong, not merely inexact, so nothing computed from it is applied.
+* :class:`NegativeCurvatureError` — CG met a direction along which the operator is not
+  positive definite and was told to raise (``CG(negative_curvature="raise")``).
 * :class:`UnusedLeafWarning` — a leaf of ``outer`` or ``inner`` that no objective uses: its
   gradient is a structural zero, not a computed one.
 
@@ -13,7 +15,12 @@ that a caller can filter, escalate or catch exactly one kind.
 
 from __future__ import annotations
 
-__all__ = ["ConvergenceWarning", "DivergenceError", "UnusedLeafWarning"]
+__all__ = [
+    "ConvergenceWarning",
+    "DivergenceError",
+    "NegativeCurvatureError",
+    "UnusedLeafWarning",
+]
 
 
 class ConvergenceWarning(RuntimeWarning):
@@ -21,8 +28,16 @@ class ConvergenceWarning(RuntimeWarning):
     it was told to stop at) before reaching its tolerance."""
 
 
-class DivergenceError(RuntimeError):
-    """An iterative solve's residual grew past its divergence factor times the starting one."""
+class DivergenceError(FloatingPointError):
+    """An iterative solve's residual grew past its divergence factor times the starting one.
+
+    A ``FloatingPointError`` (as the non-finite values a divergence ends in are), so code
+    that catches that keeps working."""
+
+
+class NegativeCurvatureError(ArithmeticError):
+    """CG found pᵀAp ≤ 0 (the operator is not positive definite) under
+    ``negative_curvature="raise"``; MINRES solves such (indefinite) systems."""
 
 
 class UnusedLeafWarning(UserWarning):

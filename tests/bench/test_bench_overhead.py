@@ -49,6 +49,8 @@ def test_bilevel_per_call_counts_stay_near_the_floor():
     # the floor for unrolled (691 → 727: a detach per step for the finiteness check and the
     # check itself) and 19 more for Neumann (264 → 283); Python calls 1201 vs 846
     # (unrolled) and 1359 vs 1119 (Neumann), from 1674 and 1554 before the overhead cuts.
+    # Neumann's end-of-series check now also reads ‖b‖ and its last term's norm (its residual
+    # and convergence verdict, issue 36) in the same single sync: 289 (25 over the floor).
     # The bounds leave room for torch-version drift, not for a pytree walk per step.
     c = overhead.compare("quadratic", 100, "unrolled")
     fl, bl = c["plain_torch"], c["toolkit"]

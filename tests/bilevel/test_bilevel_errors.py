@@ -6,6 +6,7 @@ import torch
 
 import bilevel
 from bilevel import linalg
+from bilevel.errors import DivergenceError
 
 F64 = torch.float64
 
@@ -190,17 +191,23 @@ def test_lower_level_independent_of_outer_gives_zero_hypergradient():
 def test_a_diverging_neumann_series_raises_like_fixed_point():
     a = torch.diag(torch.tensor([1.0, 10.0], dtype=F64))  # lr = 1 > 2 / λ_max = 0.2: diverges
     b = torch.ones(2, dtype=F64)
-    with pytest.raises(FloatingPointError, match=r"FixedPoint: ‖r‖² is inf at iteration \d+"):
+    # long before the values overflow: the residual passed 1e3 × ‖b‖ (DivergenceError is a
+    # FloatingPointError, what these raised before the divergence factor existed)
+    with pytest.raises(DivergenceError, match=r"FixedPoint: diverged: .* at iteration 4; .*lower lr"):
         linalg.FixedPoint(maxiter=400, lr=1.0)(lambda v: a @ v, b)
-    with pytest.raises(FloatingPointError) as e:
+    with pytest.raises(FloatingPointError) as e:  # overflowed to NaN: checked only at the end
         linalg.Neumann(steps=400, lr=1.0)(lambda v: a @ v, b)
     msg = str(e.value)
     assert msg.startswith("Neumann: the solution is non-finite (nan) after 400 iterations")
     assert "lower lr (now 1)" in msg and "2 / λ_max(A)" in msg
+    with pytest.raises(DivergenceError, match=r"Neumann: diverged: .*grew to 6.56e\+03"):
+        linalg.Neumann(steps=4, lr=1.0)(lambda v: a @ v, b)
+    with pytest.raises(FloatingPointError, match=r"FixedPoint: ‖r‖² is inf at iteration \d+"):
+        linalg.FixedPoint(maxiter=400, lr=1.0, on_divergence="ignore")(lambda v: a @ v, b)
     with pytest.raises(FloatingPointError, match="Neumann: .* the right-hand side b is not finite"):
         linalg.Neumann(steps=3, lr=0.1)(lambda v: a @ v, torch.tensor([1.0, float("inf")], dtype=F64))
     # converging: unchanged
-    x = linalg.Neumann(steps=400, lr=0.1)(lambda v: a @ v, b)
+    x = linalg.Neumann(steps=400, lr=0.1, tol=1e-12)(lambda v: a @ v, b)
     assert torch.allclose(x, torch.tensor([1.0, 0.1], dtype=F64))
 
 

@@ -325,14 +325,20 @@ def test_a_plain_function_linear_solver_gives_the_dense_oracle_hypergradient():
     assert relerr(r.outer_grad["a"], oracle["a"]) < 1e-12
 
 
+SOLVER_KEYS = {"solver_iterations", "solver_residual", "solver_converged"}
+
+
 def test_return_info_reports_each_methods_diagnostics():
     problem, alpha, theta_star, _, _ = quadratic(5, 2, 10.0, 3)
     inner, args = {"theta": theta_star}, dict(upper_batch=None, lower_batch=None)
     keys = {
-        bilevel.Implicit(linalg.CG(maxiter=30, tol=1e-12)): {"solver_iterations", "solver_residual"},
-        bilevel.Implicit(linalg.Neumann(steps=5, lr=0.05)): {"solver_iterations"},
-        bilevel.Implicit(linalg.FixedPoint(maxiter=5, lr=0.05)): {"solver_iterations", "solver_residual"},
-        bilevel.Implicit(linalg.Dense()): {"solver_iterations"},
+        bilevel.Implicit(linalg.CG(maxiter=30, tol=1e-12)): SOLVER_KEYS,
+        bilevel.Implicit(linalg.MINRES(maxiter=30, tol=1e-12)): SOLVER_KEYS,
+        bilevel.Implicit(linalg.NormalCG(maxiter=30, tol=1e-12)):
+            SOLVER_KEYS | {"solver_normal_residual", "solver_matvecs"},
+        bilevel.Implicit(linalg.Neumann(steps=5, lr=0.05, on_unconverged="ignore")): SOLVER_KEYS,
+        bilevel.Implicit(linalg.FixedPoint(maxiter=5, lr=0.05, on_unconverged="ignore")): SOLVER_KEYS,
+        bilevel.Implicit(linalg.Dense()): SOLVER_KEYS | {"solver_rank"},
         bilevel.Unrolled(4, 0.05): set(),
     }
     for method, extra in keys.items():

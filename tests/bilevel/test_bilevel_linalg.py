@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bilevel import linalg, tree
+from bilevel.errors import ConvergenceWarning
 
 SETTINGS = settings(max_examples=25, deadline=None)
 
@@ -144,9 +145,10 @@ def test_bad_config_is_rejected(make, match):
 
 def test_cg_stops_on_negative_curvature_with_a_warning():
     a = torch.diag(torch.tensor([1.0, -1.0], dtype=torch.float64))
-    with pytest.warns(RuntimeWarning, match="not positive definite"):
-        x = linalg.CG(maxiter=10)(lambda v: a @ v, torch.tensor([1.0, 1.0], dtype=torch.float64))
-    assert torch.isfinite(x).all()
+    with pytest.warns(ConvergenceWarning, match="not positive definite.*use MINRES"):
+        x, info = linalg.CG(maxiter=10).solve(
+            lambda v: [a @ v[0]], [torch.tensor([1.0, 1.0], dtype=torch.float64)])
+    assert torch.isfinite(x[0]).all() and info["converged"] is False
 
 
 def test_singular_systems_get_the_minimum_norm_solution():
@@ -240,7 +242,8 @@ def test_factories_return_the_protocol_callable_and_name_bad_options():
     x3, _ = linalg.solve_neumann(steps=4, lr=0.05)(lambda v: [a @ v[0]], [b])
     x4, _ = linalg.solve_fixed_point(maxiter=5, lr=0.05, tol=0.0)(lambda v: [a @ v[0]], [b])
     assert torch.allclose(x3[0], x4[0], rtol=1e-13)
-    assert set(linalg.solve_dense()(lambda v: [a @ v[0]], [b])[1]) == {"iterations"}
+    keys = {"iterations", "residual", "converged"}
+    assert set(linalg.solve_dense()(lambda v: [a @ v[0]], [b])[1]) == keys | {"rank"}
     with pytest.raises(ValueError, match="solve_cg: unknown option 'maxiters'; the options of CG are maxiter, tol, atol, ridge"):
         linalg.solve_cg(maxiters=5)
     with pytest.raises(ValueError, match="solve_neumann: unknown option 'ridg'"):
