@@ -19,6 +19,8 @@ Public API::
              | bilevel.IMAML(20, 0.01)                    # inner = bilevel.task_copies(α, B)
     result = solver.step(problem, outer, inner, upper_batch=..., lower_batch=...)
     bilevel.fit(problem, solver, outer, inner, steps=..., outer_optimizer=..., inner_optimizer=...)
+    @bilevel.custom_root(optimality)   # optimality(outer, inner) = 0 at solve(outer)'s result
+    def solve(outer): ...               # any solver; the result is differentiable in outer
 
 See docs/bilevel.md for the formulas, costs and a runnable example.
 """
@@ -27,6 +29,7 @@ from . import errors, inner_optim, linalg, tree
 from ._finite_difference import FiniteDifference
 from ._hypergrad import Estimate, HypergradMethod, Implicit, Unrolled, hypergrad
 from .errors import ConvergenceWarning, DivergenceError, UnusedLeafWarning
+from .implicit import custom_root
 from .inner_optim import SGD, Adam
 from .loop import History, apply, fit
 from .meta import MetaProblem, meta_problem, task_copies
@@ -81,6 +84,7 @@ __all__ = [
     "Unrolled",
     "VPBGD",
     "apply",
+    "custom_root",
     "errors",
     "fit",
     "hypergrad",
