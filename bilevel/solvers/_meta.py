@@ -91,7 +91,7 @@ def adapt(
     and ``steps`` graph-free gradient steps on g from θ_0 = α (every task); see
     :func:`bilevel._internals.inner_gradient_steps`; ``lower_batches``: a fresh support
     batch per step instead of ``batch``)."""
-    objectives = CheckedObjectives(problem, owner)
+    objectives = CheckedObjectives(problem, owner, through_inner=True)
     variables = flatten_variables(owner, outer, inner)
     batched = has_task_dim(owner, variables.outer, variables.inner)
     start = start_from_outer([a.detach() for a in variables.outer], variables.inner, batched)

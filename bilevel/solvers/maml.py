@@ -57,7 +57,7 @@ class MAML(SolverState):
         self, problem: Problem, outer: Any, inner: Any, *, upper_batch: Any, lower_batch: Any
     ) -> StepResult:
         """One meta-step on a batch of tasks; see the class docstring."""
-        objectives = CheckedObjectives(problem, "MAML.step")
+        objectives = CheckedObjectives(problem, "MAML.step", through_inner=True)
         variables = flatten_variables("MAML.step", outer, inner)
         batched = has_task_dim("MAML.step", variables.outer, variables.inner)
         alpha = leaf_aliases(variables.outer)

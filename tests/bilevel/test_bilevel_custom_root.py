@@ -13,10 +13,10 @@ import torch
 import bilevel
 from bilevel import linalg
 
-torch.set_default_dtype(torch.float64)
+D = torch.float64  # every tensor below is float64 (no global default-dtype change)
 gen = torch.Generator().manual_seed(0)
-X, Y = torch.randn(12, 4, generator=gen), torch.randn(12, generator=gen)
-XV, YV = torch.randn(7, 4, generator=gen), torch.randn(7, generator=gen)
+X, Y = torch.randn(12, 4, dtype=D, generator=gen), torch.randn(12, dtype=D, generator=gen)
+XV, YV = torch.randn(7, 4, dtype=D, generator=gen), torch.randn(7, dtype=D, generator=gen)
 
 
 def lower(outer, w, batch=None):
@@ -37,7 +37,7 @@ def ridge_optimality(outer, w):
 
 def closed_form(outer):
     lam = outer["log_lam"].exp()
-    h = X.T @ X + lam * torch.eye(4)
+    h = X.T @ X + lam * torch.eye(4, dtype=D)
     return {"w": torch.linalg.solve(h, X.T @ Y + lam * outer["shift"])}
 
 
@@ -45,13 +45,13 @@ def analytic_hypergrad(outer):
     """dF/dlog_lam = λ uᵀ(shift − w*), dF/dshift = λ u with H u = ∇_w f, H = XᵀX + λI."""
     lam = outer["log_lam"].exp()
     w = closed_form(outer)["w"]
-    u = torch.linalg.solve(X.T @ X + lam * torch.eye(4), XV.T @ (XV @ w - YV))
+    u = torch.linalg.solve(X.T @ X + lam * torch.eye(4, dtype=D), XV.T @ (XV @ w - YV))
     return {"log_lam": lam * u @ (outer["shift"] - w), "shift": lam * u}
 
 
 def make_outer():
-    return {"log_lam": torch.tensor(0.3, requires_grad=True),
-            "shift": torch.tensor([0.5, -1.0, 0.2, 0.0], requires_grad=True)}
+    return {"log_lam": torch.tensor(0.3, dtype=D, requires_grad=True),
+            "shift": torch.tensor([0.5, -1.0, 0.2, 0.0], dtype=D, requires_grad=True)}
 
 
 def test_closed_form_ridge_equals_the_analytic_hypergradient_and_hypergrad_dense():
@@ -80,9 +80,9 @@ def test_autograd_grad_and_an_iterative_linear_solver_agree():
 
 
 # --- non-negative least squares through its projected-gradient fixed point ---------------
-A = torch.randn(8, 5, generator=torch.Generator().manual_seed(3))
-B0 = torch.randn(8, generator=torch.Generator().manual_seed(4))
-BMAP = torch.randn(8, 2, generator=torch.Generator().manual_seed(5))
+A = torch.randn(8, 5, dtype=D, generator=torch.Generator().manual_seed(3))
+B0 = torch.randn(8, dtype=D, generator=torch.Generator().manual_seed(4))
+BMAP = torch.randn(8, 2, dtype=D, generator=torch.Generator().manual_seed(5))
 ETA = 1.0 / float(torch.linalg.matrix_norm(A, 2) ** 2)  # 1/L of ∇g
 
 
@@ -99,7 +99,7 @@ def nnls_optimality(a, x):
 @bilevel.custom_root(nnls_optimality)
 def nnls_projected_gradient(a):
     """A projected solver under no_grad: 20000 projected gradient steps (float64)."""
-    x = torch.zeros(5)
+    x = torch.zeros(5, dtype=D)
     with torch.no_grad():
         for _ in range(20000):
             x = torch.relu(x - ETA * nnls_grad(a, x))
@@ -119,7 +119,7 @@ def test_nnls_with_an_active_constraint_matches_finite_differences_of_scipy_nnls
     # the test's premise: some constraint is active, strictly (positive multiplier), so that
     # the solution is differentiable and central differences stay on the same active set
     assert active.any() and (~active).any() and (grad_at[active] > 1e-2).all()
-    c = torch.linspace(1.0, 2.0, 5)
+    c = torch.linspace(1.0, 2.0, 5, dtype=D)
 
     a = torch.tensor(a0, requires_grad=True)
     x = nnls_projected_gradient(a)
@@ -136,7 +136,7 @@ def test_nnls_with_an_active_constraint_matches_finite_differences_of_scipy_nnls
 @bilevel.custom_root(ridge_optimality)
 def lbfgs_solve(outer):
     """torch.optim.LBFGS on g from w = 0 (grad enabled inside: L-BFGS needs it)."""
-    w = torch.zeros(4, requires_grad=True)
+    w = torch.zeros(4, dtype=D, requires_grad=True)
     opt = torch.optim.LBFGS([w], lr=1.0, max_iter=200, tolerance_grad=1e-13,
                             tolerance_change=1e-15, line_search_fn="strong_wolfe")
 
@@ -184,7 +184,7 @@ def test_a_solver_taking_rmatvec_gets_the_untransposed_jacobian():
 
     def normal_equations(matvec, b, init=None, rmatvec=None):
         n = b[0].numel()
-        eye = torch.eye(n)
+        eye = torch.eye(n, dtype=D)
         m = torch.stack([matvec([eye[i]])[0] for i in range(n)], dim=1)
         mt = torch.stack([rmatvec([eye[i]])[0] for i in range(n)], dim=1)
         seen["transpose_error"] = float((mt - m.T).abs().max())
@@ -192,10 +192,10 @@ def test_a_solver_taking_rmatvec_gets_the_untransposed_jacobian():
         return [torch.linalg.solve(mt @ m, mt @ b[0])], {"converged": True}
 
     solve = bilevel.custom_root(nnls_optimality, normal_equations)(nnls_projected_gradient.__wrapped__)
-    a = torch.tensor([0.4, -0.7], requires_grad=True)
-    (torch.linspace(1.0, 2.0, 5) @ solve(a)).backward()
-    b = torch.tensor([0.4, -0.7], requires_grad=True)
-    (torch.linspace(1.0, 2.0, 5) @ nnls_projected_gradient(b)).backward()
+    a = torch.tensor([0.4, -0.7], dtype=D, requires_grad=True)
+    (torch.linspace(1.0, 2.0, 5, dtype=D) @ solve(a)).backward()
+    b = torch.tensor([0.4, -0.7], dtype=D, requires_grad=True)
+    (torch.linspace(1.0, 2.0, 5, dtype=D) @ nnls_projected_gradient(b)).backward()
     assert seen["asymmetry"] > 1e-3 and seen["transpose_error"] < 1e-14
     torch.testing.assert_close(a.grad, b.grad, rtol=1e-10, atol=1e-12)
 
@@ -225,7 +225,7 @@ def test_optimality_of_the_wrong_structure_or_shape_is_refused_naming_both():
 
 def test_a_non_finite_solution_is_refused_naming_the_leaf():
     def diverged(outer):
-        return {"w": torch.full((4,), float("nan"))}
+        return {"w": torch.full((4,), float("nan"), dtype=D)}
 
     with pytest.raises(FloatingPointError, match=r"non-finite inner\['w'\]"):
         bilevel.custom_root(ridge_optimality)(diverged)(make_outer())
@@ -243,12 +243,12 @@ def test_an_outer_leaf_optimality_ignores_gets_zero_with_one_unused_leaf_warning
         return closed_form(outer)
 
     wrapped = bilevel.custom_root(optimality)(solve)
-    outer = {**make_outer(), "unused": torch.ones(3, requires_grad=True),
+    outer = {**make_outer(), "unused": torch.ones(3, dtype=D, requires_grad=True),
              "index": torch.tensor([1, 2])}  # an integer leaf is passed through, not differentiated
     with pytest.warns(bilevel.UnusedLeafWarning, match=r"outer\['unused'\]") as record:
         upper(outer, wrapped(outer)).backward()
     assert len(record) == 1 and "log_lam" not in str(record[0].message)
-    assert torch.equal(outer["unused"].grad, torch.zeros(3))
+    assert torch.equal(outer["unused"].grad, torch.zeros(3, dtype=D))
     assert outer["log_lam"].grad.abs() > 0 and outer["shift"].grad.abs().max() > 0
     with warnings.catch_warnings():  # once per decorated function and outer structure
         warnings.simplefilter("error")
