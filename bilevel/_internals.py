@@ -41,6 +41,7 @@ __all__ = [
     "check_lower_batches",
     "inner_gradient_steps",
     "start_step",
+    "stationarity",
 ]
 
 
@@ -228,6 +229,7 @@ class CheckedObjectives:
         self._values: list[torch.Tensor] = []
         self._labels: list[str | tuple[str, str]] = []
         self._checked = 0
+        self.last_lower_batch: Any = None
         self.through_inner = through_inner
         self._usage: LeafUsage | bool = self._needs_leaf_check()  # False: no check this step
 
@@ -285,6 +287,7 @@ class CheckedObjectives:
         return value
 
     def lower(self, outer: Any, inner: Any, batch: Any, where: str) -> torch.Tensor:
+        self.last_lower_batch = batch  # the batch of the step's last g call (stationarity)
         value = self._record(self.problem.lower(outer, inner, batch), "lower", where)
         if self._usage is not False:
             self._observe("lower", value, outer, inner)
@@ -376,6 +379,22 @@ def inner_gradient_steps(
         with torch.no_grad():
             theta = torch._foreach_add(theta, gth, alpha=-lr)
     return [x.detach() for x in theta], first_grad, first_value
+
+
+def stationarity(
+    objectives: CheckedObjectives, variables: FlatVariables, theta: list[torch.Tensor], where: str
+) -> dict[str, torch.Tensor]:
+    """``lower_loss_solution`` = g(α, θ̂) and ``lower_grad_norm`` = ‖∇_θ g(α, θ̂)‖ at θ̂ =
+    ``theta`` (the step's inner solution), on the last lower batch the step evaluated g on
+    (its ``lower_batch``, or the last one drawn from ``lower_batches``): the stationarity
+    residual an implicit or truncated hypergradient's accuracy depends on. Cost: one
+    graph-free forward-backward of g, for the solvers that have no gradient at θ̂ already
+    (ITD, FD, MAML, FOMAML, Reptile; docs/bilevel.md, "Diagnostics: what `info` holds")."""
+    outer = variables.outer_tree([a.detach() for a in variables.outer])
+    leaves = leaf_aliases(theta)
+    g = objectives.lower(outer, variables.inner_tree(leaves), objectives.last_lower_batch, where)
+    return {"lower_loss_solution": g.detach(),
+            "lower_grad_norm": tree.sq_norm_list(grad(g, leaves)).sqrt()}
 
 
 def check_lower_batches(owner: str, lower_batches: object) -> None:

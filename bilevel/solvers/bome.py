@@ -84,7 +84,7 @@ class BOME(SolverState):
             "BOME.step", problem, outer, inner, Batches(upper=upper_batch, lower=lower_batch),
             self.inner_steps, self.inner_lr, batch_drawer("BOME.step", self.lower_batches),
         )
-        low, f, df = at.low, at.f, at.df
+        low, df = at.low, at.df
         dq, q = low.gap_grad(), low.gap()
         dq_sq = tree.sq_norm_list(dq)
         df_dq = tree.dot_list(df, dq)
@@ -98,9 +98,7 @@ class BOME(SolverState):
                 "lambda": lam,
                 "q": q,
                 "phi": phi,
-                "upper_loss": f.detach(),
-                "lower_loss": low.value.detach(),
-                "lower_loss_solution": low.value_at_solution.detach(),
+                **at.losses(),
                 "upper_grad_norm": tree.sq_norm_list(df).sqrt(),
                 "q_grad_norm": dq_sq.sqrt(),
                 "upper_q_dot": df_dq,

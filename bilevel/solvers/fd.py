@@ -9,7 +9,7 @@ from typing import Any
 from .. import tree
 from .._checks import check_int, check_positive
 from .._finite_difference import FiniteDifference
-from .._internals import Batches, batch_drawer, check_lower_batches, start_step
+from .._internals import Batches, batch_drawer, check_lower_batches, start_step, stationarity
 from ..problem import Problem
 from ._state import SolverState
 from .base import StepResult
@@ -76,6 +76,8 @@ class FD(SolverState):
             Batches(upper=upper_batch, lower=lower_batch if draw is None else draw()),
         )
         scalars = dict(est.scalars)
+        scalars.update(stationarity(objectives, variables, est.inner_solution,
+                                    f"at θ^(T) after {self.inner_steps} inner steps (stationarity)"))
         first_grad = start.first_grad
         if first_grad is None:
             first_grad = est.first_inner_grad

@@ -15,6 +15,7 @@ from .._internals import (
     batch_drawer,
     check_lower_batches,
     flatten_variables,
+    stationarity,
 )
 from ..inner_optim import SGD, InnerOptimizer, check_inner_optimizer
 from ..problem import Problem
@@ -73,6 +74,8 @@ class ITD(SolverState):
         est = method.estimate(objectives, variables, Batches(upper=upper_batch, lower=lower_batch),
                               draw=batch_drawer("ITD.step", self.lower_batches))
         scalars = dict(est.scalars)
+        scalars.update(stationarity(objectives, variables, est.inner_solution,
+                                    f"at θ_T after {self.inner_steps} inner steps (stationarity)"))
         scalars["outer_grad_norm"] = tree.sq_norm_list(est.outer_grad).sqrt()
         scalars["inner_grad_norm"] = tree.sq_norm_list(est.first_inner_grad).sqrt()
         info = objectives.finish(scalars)

@@ -91,12 +91,10 @@ class VPBGD(SolverState):
         direction = [a + gamma * b for a, b in zip(at.df, dq)]
         info = at.objectives.finish(
             {
-                "gamma": gamma,
+                "penalty": gamma,
                 "q": q,
-                "penalized_loss": at.f.detach() + gamma * q,
-                "upper_loss": at.f.detach(),
-                "lower_loss": at.low.value.detach(),
-                "lower_loss_solution": at.low.value_at_solution.detach(),
+                "penalized_loss": at.f.detach() + gamma * q,  # at the current (α, θ)
+                **at.losses(),
                 "upper_grad_norm": tree.sq_norm_list(at.df).sqrt(),
                 "q_grad_norm": tree.sq_norm_list(dq).sqrt(),
                 "direction_norm": tree.sq_norm_list(direction).sqrt(),
