@@ -48,7 +48,8 @@ class BOME(SolverState):
     batches would not be a value-function gap), at one more forward-backward of g. f uses
     ``upper_batch``.
 
-    Cost per step (T + 1 calls of g, 1 call of f): the first inner step differentiates g
+    Cost per step (T + 1 calls of g, 1 call of f, and one forward of f at θ^(T) without graph
+    for ``info['upper_loss']``; docs/bilevel.md, "Diagnostics: what `info` holds"): the first inner step differentiates g
     jointly w.r.t. (α, θ) at the current point, and that gradient is reused as ∇g(α, θ);
     T − 1 more forward-backward passes of g w.r.t. θ; one forward of g at θ^(T) (detached)
     with a backward that only reaches the ops touching α (for α acting on logits: the

@@ -59,7 +59,9 @@ class F2SA(SolverState):
     step's ``lower_batch``; ``inner_grad`` / ``lower_loss`` are z's first step on its batch.
 
     Cost per step: T forward-backward passes of g for z, T of f + g for y (one backward
-    each), one forward-backward of f + λg at y_T and one of g at z_T w.r.t. α only.
+    each), one forward-backward of f + λg at y_T and one of g at z_T (w.r.t. α for the
+    direction and θ for ``info['lower_grad_norm']``), one forward of f at z_T without graph
+    for ``info['upper_loss']``.
     No second derivatives. Memory: O(|θ|) for y (kept between steps) + one graph at a time.
     """
 

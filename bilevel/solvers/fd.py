@@ -44,8 +44,8 @@ class FD(SolverState):
             central difference of ∇_α g (it differentiates that step); with it the step's
             ``lower_batch`` is not used. f uses ``upper_batch``.
 
-    Cost per step: T + 2 forward-backward passes of g (two of them only w.r.t. α), one of
-    f; no Hessian-vector product, no double backward (works with kernels that have none).
+    Cost per step: T + 3 forward-backward passes of g (two of them only w.r.t. α, one at
+    θ^(T) for ``info['lower_grad_norm']``), one of f; no Hessian-vector product, no double backward (works with kernels that have none).
     Memory: O(|θ|) + one graph of f or g at a time.
     """
 

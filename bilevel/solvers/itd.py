@@ -47,7 +47,8 @@ class ITD(SolverState):
     ``upper_batch``; with ``lower_batches`` the step's ``lower_batch`` is not used.
 
     Cost per step: T forward-backward passes of g with ``create_graph`` (K with
-    ``truncate=K``), one backward through them, one forward-backward of f.
+    ``truncate=K``), one backward through them, one forward-backward of f, and one
+    graph-free forward-backward of g at θ_T for ``info['lower_grad_norm']``.
     Memory: O(K · activations of g).
     """
 

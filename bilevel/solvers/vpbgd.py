@@ -54,7 +54,8 @@ class VPBGD(SolverState):
     the step's ``lower_batch``, exactly as in :class:`bilevel.BOME`.
 
     Cost per step: T + 1 calls of g (T forward-backward passes, one w.r.t. α only at
-    θ^(T)) and one forward-backward of f — BOME's floor. No second derivatives.
+    θ^(T)) and one forward-backward of f — BOME's floor — plus one forward of f at θ^(T)
+    without graph for ``info['upper_loss']``. No second derivatives.
     Memory: O(|θ|) + one graph of f or g at a time.
     """
 
