@@ -161,10 +161,15 @@ class LeafUsage:
         xs = tree.leaves(outer) + tree.leaves(inner)
         if len(xs) != len(self.seen[which]) or not torch.is_grad_enabled():
             return  # another structure, or a value computed without a graph: no evidence
-        idx = [i for i, x in enumerate(xs) if x.requires_grad]
-        for i, h in zip(idx, reached(value, [xs[i] for i in idx])):
-            self.seen[which][i] = True
-            self.hit[which][i] = self.hit[which][i] or h
+        seen, hit = self.seen[which], self.hit[which]
+        for i, x in enumerate(xs):
+            seen[i] = seen[i] or x.requires_grad
+        # only leaves not found yet are searched for: an unrolled loop's later graphs contain
+        # the earlier ones, and searching them again would make the first step O(T²)
+        idx = [i for i, x in enumerate(xs) if x.requires_grad and not hit[i]]
+        if idx:
+            for i, h in zip(idx, reached(value, [xs[i] for i in idx])):
+                hit[i] = h
 
     def unused(self, through_inner: bool) -> tuple[list[int], list[int]]:
         """(outer indices, inner indices) to report (class docstring)."""
