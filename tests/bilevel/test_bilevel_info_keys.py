@@ -138,3 +138,20 @@ def test_soba_has_no_solution_so_its_point_is_the_current_theta():
     assert r.inner_solution is None
     assert r.info["upper_loss"] == pytest.approx(float(f(outer, inner, None)), rel=1e-12)
     assert r.info["lower_grad_norm"] == pytest.approx(r.info["inner_grad_norm"], rel=1e-12)
+
+
+def test_with_lower_batches_the_stationarity_is_on_the_last_batch_drawn():
+    """ITD's lower_batch is unused with lower_batches=; lower_grad_norm is then measured on the
+    last batch drawn (the batch scales the linear term: ∇_t g = A t − b·a)."""
+    draws = iter([1.0, 2.0, 3.0])
+
+    def g_b(o, i, b):
+        return 0.5 * i["t"] @ A @ i["t"] - b * (o["a"] @ i["t"])
+
+    problem = bilevel.Problem(upper=f, lower=g_b)
+    r = bilevel.ITD(3, 0.3, lower_batches=lambda: next(draws)).step(
+        problem, *point(), upper_batch=None, lower_batch=None)
+    outer, hat = point()[0], r.inner_solution
+    residual = torch.linalg.vector_norm(A @ hat["t"] - 3.0 * outer["a"])
+    assert r.info["lower_grad_norm"] == pytest.approx(float(residual), rel=1e-12)
+    assert r.info["lower_loss_solution"] == pytest.approx(float(g_b(outer, hat, 3.0)), rel=1e-12)
