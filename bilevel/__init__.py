@@ -19,6 +19,8 @@ Public API::
              | bilevel.IMAML(20, 0.01)                    # inner = bilevel.task_copies(α, B)
     result = solver.step(problem, outer, inner, upper_batch=..., lower_batch=...)
     bilevel.fit(problem, solver, outer, inner, steps=..., outer_optimizer=..., inner_optimizer=...)
+    @bilevel.custom_root(optimality)   # optimality(outer, inner) = 0 at solve(outer)'s result
+    def solve(outer): ...               # any solver; the result is differentiable in outer
 
 See docs/bilevel.md for the formulas, costs and a runnable example.
 """
@@ -32,6 +34,7 @@ from .errors import (
     NegativeCurvatureError,
     UnusedLeafWarning,
 )
+from .implicit import custom_root
 from .inner_optim import SGD, Adam
 from .loop import History, apply, fit
 from .meta import MetaProblem, meta_problem, task_copies
@@ -87,6 +90,7 @@ __all__ = [
     "Unrolled",
     "VPBGD",
     "apply",
+    "custom_root",
     "errors",
     "fit",
     "hypergrad",

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 import torch
 
-__all__ = ["grad", "leaf_aliases", "vjp"]
+__all__ = ["grad", "leaf_aliases", "reached", "vjp"]
 
 
 def leaf_aliases(xs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
@@ -79,3 +79,44 @@ def _materialize(
         torch.zeros_like(x, requires_grad=create_graph) if g is None else g
         for g, x in zip(grads, inputs)
     ]
+
+
+def reached(value: torch.Tensor, targets: Sequence[torch.Tensor]) -> list[bool]:
+    """Which ``targets`` (tensors that require grad, leaves or not) ``value`` depends on
+    through its autograd graph: the structural dependence for which
+    ``torch.autograd.grad(..., allow_unused=True)`` would return a tensor rather than None.
+
+    Found by walking ``value.grad_fn``'s graph (no backward pass, no gradient computed): a
+    leaf matches its ``AccumulateGrad`` node, a non-leaf the edge (its ``grad_fn``, its
+    ``output_nr``) (a multi-output node such as a ``_foreach`` op has one edge per output).
+    Behind a node every input counts as reached, whichever output the path came through:
+    an over-approximation for multi-output nodes, so a dependence may be assumed where
+    there is none (a missed warning), never the reverse. Stops as soon as every target is
+    found. Cost: one visit per node of the graph.
+    """
+    found = [False] * len(targets)
+    if value.grad_fn is None:
+        return found
+    leaves: dict[int, list[int]] = {}
+    edges: dict[tuple, list[int]] = {}
+    for i, x in enumerate(targets):
+        if x.grad_fn is None:
+            leaves.setdefault(id(x), []).append(i)
+        else:
+            edges.setdefault((x.grad_fn, x.output_nr), []).append(i)
+    remaining, stack, seen = len(targets), [value.grad_fn], {value.grad_fn}
+    while stack and remaining:
+        for node, nr in stack.pop().next_functions:
+            if node is None:
+                continue
+            hits = edges.pop((node, nr), [])
+            variable = getattr(node, "variable", None)  # set on AccumulateGrad nodes only
+            if variable is not None:
+                hits = hits + leaves.pop(id(variable), [])
+            for i in hits:
+                found[i] = True
+            remaining -= len(hits)
+            if node not in seen:
+                seen.add(node)
+                stack.append(node)
+    return found

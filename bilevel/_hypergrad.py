@@ -305,7 +305,8 @@ def hypergrad(
 
     Returns:
         A detached pytree with the structure and shapes of ``outer``. Leaves that neither
-        objective uses get zeros. Nothing is written to any ``.grad``. With
+        objective uses get zeros, named once per method and problem with
+        :class:`bilevel.UnusedLeafWarning`. Nothing is written to any ``.grad``. With
         ``return_info=True``, ``(grads, info)``: ``info`` is a dict of Python floats,
         ``upper_loss`` and ``lower_loss`` and, for ``Implicit``, ``solver_<key>`` for each key
         of the linear solver's info (CG: ``solver_iterations``, ``solver_residual``).

@@ -13,14 +13,21 @@
 from __future__ import annotations
 
 import dataclasses
+import os
+import sys
+import warnings
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from torch.utils import _pytree as pytree
 
 from . import tree
-from ._autodiff import grad, leaf_aliases
+from ._autodiff import grad, leaf_aliases, reached
+from .errors import UnusedLeafWarning
+from .meta import MetaProblem
 from .problem import Problem
 
 __all__ = [
@@ -28,11 +35,13 @@ __all__ = [
     "CheckedObjectives",
     "Estimate",
     "FlatVariables",
+    "LeafUsage",
     "flatten_variables",
     "batch_drawer",
     "check_lower_batches",
     "inner_gradient_steps",
     "start_step",
+    "stationarity",
 ]
 
 
@@ -110,6 +119,97 @@ class Estimate:
     linear_solution: list[torch.Tensor] | None = None
 
 
+def user_stacklevel() -> int:
+    """``warnings.warn``'s stacklevel, for a warning raised by the caller of this function,
+    that points at the first frame outside ``bilevel/`` (the user's ``step``, ``fit`` or
+    ``hypergrad`` call) instead of at library internals."""
+    package = os.path.dirname(os.path.abspath(__file__))
+    frame, level = sys._getframe(1), 1
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(package):
+        frame, level = frame.f_back, level + 1
+    return level
+
+
+# (problem, owner) pairs whose unused leaves were already checked: the check runs on the first
+# step of each solver kind on each problem only (weak keys: a problem is not kept alive).
+_LEAVES_CHECKED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+class LeafUsage:
+    """Which outer (α) and inner (θ) leaves one step's objective evaluations depend on.
+
+    Every evaluation with grad enabled is observed: for each leaf passed to it that requires
+    grad, whether the value's autograd graph reaches it (:func:`bilevel._autodiff.reached`,
+    a graph walk, no extra objective call). After the step (:meth:`report`), with
+    ``through_inner`` (the meta solvers: θ_0 = α, leaf k of α is leaf k of θ), a leaf is
+    reported by name with :class:`bilevel.UnusedLeafWarning` when
+
+    * outer leaf k: seen with grad by f and by g and reached by neither (its hypergradient
+      is a structural zero); with ``through_inner``: α_k reached by nothing, and θ_k not by
+      f and seen but not reached by g;
+    * inner leaf k: seen with grad by g and not reached (g does not determine θ* along it).
+    """
+
+    def __init__(self, outer: Any, inner: Any) -> None:
+        self.outer = [pytree.keystr(p) for p, _ in pytree.tree_flatten_with_path(outer)[0]]
+        self.inner = [pytree.keystr(p) for p, _ in pytree.tree_flatten_with_path(inner)[0]]
+        n = len(self.outer) + len(self.inner)
+        self.seen = {"upper": [False] * n, "lower": [False] * n}
+        self.hit = {"upper": [False] * n, "lower": [False] * n}
+
+    def observe(self, which: str, value: torch.Tensor, outer: Any, inner: Any) -> None:
+        xs = tree.leaves(outer) + tree.leaves(inner)
+        if len(xs) != len(self.seen[which]) or not torch.is_grad_enabled():
+            return  # another structure, or a value computed without a graph: no evidence
+        seen, hit = self.seen[which], self.hit[which]
+        for i, x in enumerate(xs):
+            seen[i] = seen[i] or x.requires_grad
+        # only leaves not found yet are searched for: an unrolled loop's later graphs contain
+        # the earlier ones, and searching them again would make the first step O(T²)
+        idx = [i for i, x in enumerate(xs) if x.requires_grad and not hit[i]]
+        if idx:
+            for i, h in zip(idx, reached(value, [xs[i] for i in idx])):
+                hit[i] = h
+
+    def unused(self, through_inner: bool) -> tuple[list[int], list[int]]:
+        """(outer indices, inner indices) to report (class docstring)."""
+        no, seen, hit = len(self.outer), self.seen, self.hit
+        inner = [k for k in range(len(self.inner)) if seen["lower"][no + k] and not hit["lower"][no + k]]
+        if through_inner:
+            outer = [k for k in inner if k < no and not (hit["upper"][k] or hit["lower"][k]
+                                                       or hit["upper"][no + k])]
+        else:
+            outer = [k for k in range(no) if seen["upper"][k] and seen["lower"][k]
+                     and not (hit["upper"][k] or hit["lower"][k])]
+        return outer, inner
+
+    def report(self, owner: str, problem: Problem, through_inner: bool) -> None:
+        outer, inner = self.unused(through_inner)
+        level = user_stacklevel()
+        if outer:
+            names = ", ".join(f"outer{self.outer[k]}" + (f" (with its adapted copy inner"
+                              f"{self.inner[k]})" if through_inner else "") for k in outer)
+            hint = ""
+            if isinstance(problem, MetaProblem) and problem.prox == 0 and not through_inner:
+                hint = (" The problem is bilevel.meta_problem(..., prox=0): α enters it only "
+                        "through the proximal term (λ/2)‖θ − α‖², so a solver that starts from "
+                        "the given inner (not from θ_0 = α) gets an all-zero meta-gradient; use "
+                        "MAML, FOMAML or Reptile, or prox > 0.")
+            warnings.warn(
+                f"{owner}: {names} is used by neither the upper nor the lower objective: its "
+                f"outer_grad is a structural zero, not a computed one.{hint}",
+                UnusedLeafWarning, stacklevel=level,
+            )
+        if inner:
+            names = ", ".join(f"inner{self.inner[k]}" for k in inner)
+            warnings.warn(
+                f"{owner}: {names} is not used by the lower objective: g does not determine "
+                "θ* along it (its inner gradient is a structural zero, it stays where it "
+                "starts, and an implicit method sees a singular Hessian)",
+                UnusedLeafWarning, stacklevel=level,
+            )
+
+
 class CheckedObjectives:
     """Evaluates the objectives of one solver step and checks what they return.
 
@@ -118,9 +218,13 @@ class CheckedObjectives:
     device synchronization per solver step instead of one per objective call (a GPU sync
     per unrolled inner step is measurable overhead). The error still names the objective
     and the step where the first non-finite value appeared.
+
+    On the first step of each ``owner`` on each problem it also records which leaves the
+    evaluations depend on (:class:`LeafUsage`) and warns at :meth:`finish` about the unused
+    ones; ``through_inner`` marks the meta solvers (θ_0 = α). Later steps: one lookup.
     """
 
-    def __init__(self, problem: Problem, owner: str) -> None:
+    def __init__(self, problem: Problem, owner: str, *, through_inner: bool = False) -> None:
         if not isinstance(problem, Problem):
             raise TypeError(
                 f"{owner}: problem must be a bilevel.Problem, got {type(problem).__name__}"
@@ -130,6 +234,29 @@ class CheckedObjectives:
         self._values: list[torch.Tensor] = []
         self._labels: list[str | tuple[str, str]] = []
         self._checked = 0
+        self.last_lower_batch: Any = None
+        self.through_inner = through_inner
+        self._usage: LeafUsage | bool = self._needs_leaf_check()  # False: no check this step
+
+    def _needs_leaf_check(self) -> bool:
+        try:
+            return self.owner not in _LEAVES_CHECKED.get(self.problem, ())
+        except TypeError:  # an unhashable problem subclass: check every step
+            return True
+
+    def _observe(self, which: str, value: torch.Tensor, outer: Any, inner: Any) -> None:
+        if self._usage is True:
+            self._usage = LeafUsage(outer, inner)
+        self._usage.observe(which, value, outer, inner)  # type: ignore[union-attr]
+
+    def _report_leaves(self) -> None:
+        if isinstance(self._usage, LeafUsage):
+            self._usage.report(self.owner, self.problem, self.through_inner)
+            try:
+                _LEAVES_CHECKED.setdefault(self.problem, set()).add(self.owner)
+            except TypeError:
+                pass
+        self._usage = False
 
     def _record(self, value: Any, which: str, where: str) -> torch.Tensor:
         if not isinstance(value, torch.Tensor):
@@ -159,10 +286,17 @@ class CheckedObjectives:
         self._labels.append(label)
 
     def upper(self, outer: Any, inner: Any, batch: Any, where: str) -> torch.Tensor:
-        return self._record(self.problem.upper(outer, inner, batch), "upper", where)
+        value = self._record(self.problem.upper(outer, inner, batch), "upper", where)
+        if self._usage is not False:
+            self._observe("upper", value, outer, inner)
+        return value
 
     def lower(self, outer: Any, inner: Any, batch: Any, where: str) -> torch.Tensor:
-        return self._record(self.problem.lower(outer, inner, batch), "lower", where)
+        self.last_lower_batch = batch  # the batch of the step's last g call (stationarity)
+        value = self._record(self.problem.lower(outer, inner, batch), "lower", where)
+        if self._usage is not False:
+            self._observe("lower", value, outer, inner)
+        return value
 
     def _raise_first_nonfinite(self, flags: list[bool]) -> None:
         for i, ok in enumerate(flags):
@@ -182,6 +316,12 @@ class CheckedObjectives:
 
     def finish(self, scalars: dict[str, torch.Tensor | float]) -> dict[str, float]:
         """Check the recorded values and convert ``scalars`` to Python floats in one sync."""
+        out = self._finish(scalars)
+        if self._usage is not False:  # after the finiteness check: a failed step reports nothing
+            self._report_leaves()
+        return out
+
+    def _finish(self, scalars: dict[str, torch.Tensor | float]) -> dict[str, float]:
         new = self._values[self._checked :]
         names = list(scalars)
         tensors = [v for v in scalars.values() if isinstance(v, torch.Tensor)]
@@ -244,6 +384,22 @@ def inner_gradient_steps(
         with torch.no_grad():
             theta = torch._foreach_add(theta, gth, alpha=-lr)
     return [x.detach() for x in theta], first_grad, first_value
+
+
+def stationarity(
+    objectives: CheckedObjectives, variables: FlatVariables, theta: list[torch.Tensor], where: str
+) -> dict[str, torch.Tensor]:
+    """``lower_loss_solution`` = g(α, θ̂) and ``lower_grad_norm`` = ‖∇_θ g(α, θ̂)‖ at θ̂ =
+    ``theta`` (the step's inner solution), on the last lower batch the step evaluated g on
+    (its ``lower_batch``, or the last one drawn from ``lower_batches``): the stationarity
+    residual an implicit or truncated hypergradient's accuracy depends on. Cost: one
+    graph-free forward-backward of g, for the solvers that have no gradient at θ̂ already
+    (ITD, FD, MAML, FOMAML, Reptile; docs/bilevel.md, "Diagnostics: what `info` holds")."""
+    outer = variables.outer_tree([a.detach() for a in variables.outer])
+    leaves = leaf_aliases(theta)
+    g = objectives.lower(outer, variables.inner_tree(leaves), objectives.last_lower_batch, where)
+    return {"lower_loss_solution": g.detach(),
+            "lower_grad_norm": tree.sq_norm_list(grad(g, leaves)).sqrt()}
 
 
 def check_lower_batches(owner: str, lower_batches: object) -> None:

@@ -16,6 +16,7 @@ from .._internals import (
     batch_drawer,
     flatten_variables,
     inner_gradient_steps,
+    stationarity,
 )
 from ..problem import Problem
 from .base import StepResult
@@ -91,7 +92,7 @@ def adapt(
     and ``steps`` graph-free gradient steps on g from θ_0 = α (every task); see
     :func:`bilevel._internals.inner_gradient_steps`; ``lower_batches``: a fresh support
     batch per step instead of ``batch``)."""
-    objectives = CheckedObjectives(problem, owner)
+    objectives = CheckedObjectives(problem, owner, through_inner=True)
     variables = flatten_variables(owner, outer, inner)
     batched = has_task_dim(owner, variables.outer, variables.inner)
     start = start_from_outer([a.detach() for a in variables.outer], variables.inner, batched)
@@ -123,6 +124,9 @@ def meta_result(
     """The StepResult every meta solver returns: ``outer_grad`` its meta-direction,
     ``inner_grad`` = ∇_θ g at θ_0 = α, ``inner_solution`` = θ_T (the adapted parameters),
     ``info`` = ``scalars`` + ``lower_loss`` (g at θ_0) and the two direction norms."""
+    if "lower_grad_norm" not in scalars:  # IMAML has it from its linearization
+        scalars = {**scalars, **stationarity(objectives, variables, adapted.solution,
+                                             "at θ_T (stationarity)")}
     scalars = {
         **scalars,
         "lower_loss": adapted.first_value,

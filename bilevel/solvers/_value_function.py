@@ -77,7 +77,9 @@ def value_gap_terms(
             objectives, point.replace(inner=[x.detach() for x in theta]), lower_batch,
             steps=T, lr=lr, draw=draw,
         )
-    # ∇_α g(α, θ^(T)) with θ^(T) detached: autograd only runs the ops that touch α.
+    # ∇_α g(α, θ^(T)) with θ^(T) detached: autograd only runs the ops that touch α. (So no
+    # ‖∇_θ g(α, θ^(T))‖ here: it would need a backward through the network, above this
+    # family's cost floor; docs/bilevel.md, "Diagnostics: what `info` holds".)
     g_T = objectives.lower(
         point.outer_tree(), point.inner_tree(theta_T), lower_batch, f"at θ^(T) after {T} inner steps"
     )
@@ -94,6 +96,17 @@ class PenaltyPoint:
     low: ValueGapTerms
     f: torch.Tensor
     df: list[torch.Tensor]
+    f_solution: torch.Tensor  # f(α, θ^(T)), reported only (info's upper_loss)
+
+    def losses(self) -> dict[str, torch.Tensor]:
+        """The info keys every solver reports, at their documented points (docs/bilevel.md,
+        "Diagnostics: what `info` holds")."""
+        return {
+            "upper_loss": self.f_solution,
+            "upper_loss_current": self.f.detach(),
+            "lower_loss": self.low.value.detach(),
+            "lower_loss_solution": self.low.value_at_solution.detach(),
+        }
 
     def result(
         self, direction: list[torch.Tensor], info: dict[str, float]
@@ -118,4 +131,8 @@ def penalty_point(
     point = variables.replace(outer=leaf_aliases(variables.outer), inner=leaf_aliases(variables.inner))
     low = value_gap_terms(objectives, point, batches.lower, steps, lr, draw)
     f = objectives.upper(point.outer_tree(), point.inner_tree(), batches.upper, "at the current (α, θ)")
-    return PenaltyPoint(objectives, variables, low, f, grad(f, point.outer + point.inner))
+    df = grad(f, point.outer + point.inner)
+    with torch.no_grad():  # one forward of f, for upper_loss at the returned θ^(T)
+        f_T = objectives.upper(point.outer_tree(), point.inner_tree(low.solution), batches.upper,
+                               f"at θ^(T) after {steps} inner steps (reported only)")
+    return PenaltyPoint(objectives, variables, low, f, df, f_T)

@@ -141,6 +141,8 @@ class AID(SolverState):
         )
         scalars = dict(est.scalars)
         scalars["lower_loss_solution"] = scalars["lower_loss"]
+        # ∇_θ g at θ^(T) is the linearization Implicit built anyway: the residual is free
+        scalars["lower_grad_norm"] = tree.sq_norm_list(est.first_inner_grad).sqrt()
         if first_grad is not None:
             scalars["lower_loss"] = first_value
         else:

@@ -48,7 +48,8 @@ class BOME(SolverState):
     batches would not be a value-function gap), at one more forward-backward of g. f uses
     ``upper_batch``.
 
-    Cost per step (T + 1 calls of g, 1 call of f): the first inner step differentiates g
+    Cost per step (T + 1 calls of g, 1 call of f, and one forward of f at θ^(T) without graph
+    for ``info['upper_loss']``; docs/bilevel.md, "Diagnostics: what `info` holds"): the first inner step differentiates g
     jointly w.r.t. (α, θ) at the current point, and that gradient is reused as ∇g(α, θ);
     T − 1 more forward-backward passes of g w.r.t. θ; one forward of g at θ^(T) (detached)
     with a backward that only reaches the ops touching α (for α acting on logits: the
@@ -84,7 +85,7 @@ class BOME(SolverState):
             "BOME.step", problem, outer, inner, Batches(upper=upper_batch, lower=lower_batch),
             self.inner_steps, self.inner_lr, batch_drawer("BOME.step", self.lower_batches),
         )
-        low, f, df = at.low, at.f, at.df
+        low, df = at.low, at.df
         dq, q = low.gap_grad(), low.gap()
         dq_sq = tree.sq_norm_list(dq)
         df_dq = tree.dot_list(df, dq)
@@ -98,9 +99,7 @@ class BOME(SolverState):
                 "lambda": lam,
                 "q": q,
                 "phi": phi,
-                "upper_loss": f.detach(),
-                "lower_loss": low.value.detach(),
-                "lower_loss_solution": low.value_at_solution.detach(),
+                **at.losses(),
                 "upper_grad_norm": tree.sq_norm_list(df).sqrt(),
                 "q_grad_norm": dq_sq.sqrt(),
                 "upper_q_dot": df_dq,

@@ -59,7 +59,9 @@ class F2SA(SolverState):
     step's ``lower_batch``; ``inner_grad`` / ``lower_loss`` are z's first step on its batch.
 
     Cost per step: T forward-backward passes of g for z, T of f + g for y (one backward
-    each), one forward-backward of f + λg at y_T and one of g at z_T w.r.t. α only.
+    each), one forward-backward of f + λg at y_T and one of g at z_T (w.r.t. α for the
+    direction and θ for ``info['lower_grad_norm']``), one forward of f at z_T without graph
+    for ``info['upper_loss']``.
     No second derivatives. Memory: O(|θ|) for y (kept between steps) + one graph at a time.
     """
 
@@ -99,16 +101,22 @@ class F2SA(SolverState):
         at_y = variables.replace(outer=alpha, inner=y)
         f_y = objectives.upper(at_y.outer_tree(), at_y.inner_tree(), upper_batch, "at y_T")
         g_y = objectives.lower(at_y.outer_tree(), at_y.inner_tree(), lower_batch, "at y_T")
-        g_z = objectives.lower(at_y.outer_tree(), variables.inner_tree(start.theta), lower_batch,
+        z = leaf_aliases(start.theta)
+        g_z = objectives.lower(at_y.outer_tree(), variables.inner_tree(z), lower_batch,
                                f"at z_T after {self.inner_steps} inner steps")
         d_y = grad(f_y + lam * g_y, alpha)
-        d_z = grad(g_z, alpha)
+        d_z = grad(g_z, alpha + z)  # ∇_α g for the direction, ∇_θ g for the stationarity
         outer_grad = [a - lam * b for a, b in zip(d_y, d_z)]
+        with torch.no_grad():  # one forward of f, for upper_loss at the returned z_T
+            f_z = objectives.upper(at_y.outer_tree(), variables.inner_tree(start.theta),
+                                   upper_batch, "at z_T (reported only)")
         info = objectives.finish({
-            "lambda": lam,
-            "upper_loss": f_y.detach(),
+            "penalty": lam,
+            "upper_loss": f_z,
+            "upper_loss_y": f_y.detach(),
             "lower_loss": start.first_value,
             "lower_loss_solution": g_z.detach(),
+            "lower_grad_norm": tree.sq_norm_list(d_z[len(alpha) :]).sqrt(),
             "gap": g_y.detach() - g_z.detach(),  # g(α, y_T) − g(α, z_T): O(1/λ) at convergence
             "outer_grad_norm": tree.sq_norm_list(outer_grad).sqrt(),
             "inner_grad_norm": tree.sq_norm_list(start.first_grad).sqrt(),

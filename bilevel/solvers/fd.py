@@ -9,7 +9,7 @@ from typing import Any
 from .. import tree
 from .._checks import check_int, check_positive
 from .._finite_difference import FiniteDifference
-from .._internals import Batches, batch_drawer, check_lower_batches, start_step
+from .._internals import Batches, batch_drawer, check_lower_batches, start_step, stationarity
 from ..problem import Problem
 from ._state import SolverState
 from .base import StepResult
@@ -44,8 +44,8 @@ class FD(SolverState):
             central difference of ∇_α g (it differentiates that step); with it the step's
             ``lower_batch`` is not used. f uses ``upper_batch``.
 
-    Cost per step: T + 2 forward-backward passes of g (two of them only w.r.t. α), one of
-    f; no Hessian-vector product, no double backward (works with kernels that have none).
+    Cost per step: T + 3 forward-backward passes of g (two of them only w.r.t. α, one at
+    θ^(T) for ``info['lower_grad_norm']``), one of f; no Hessian-vector product, no double backward (works with kernels that have none).
     Memory: O(|θ|) + one graph of f or g at a time.
     """
 
@@ -76,6 +76,8 @@ class FD(SolverState):
             Batches(upper=upper_batch, lower=lower_batch if draw is None else draw()),
         )
         scalars = dict(est.scalars)
+        scalars.update(stationarity(objectives, variables, est.inner_solution,
+                                    f"at θ^(T) after {self.inner_steps} inner steps (stationarity)"))
         first_grad = start.first_grad
         if first_grad is None:
             first_grad = est.first_inner_grad

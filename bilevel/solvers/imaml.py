@@ -8,6 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from .. import tree
 from .._checks import check_int, check_positive
 from .._hypergrad import Implicit
 from .._internals import Batches, check_lower_batches
@@ -81,4 +82,5 @@ class IMAML(SolverState):
         )
         scalars = dict(est.scalars)
         scalars["lower_loss_solution"] = scalars.pop("lower_loss")
+        scalars["lower_grad_norm"] = tree.sq_norm_list(est.first_inner_grad).sqrt()  # free
         return meta_result(objectives, variables, est.outer_grad, adapted, scalars)

@@ -15,6 +15,7 @@ from .._internals import (
     batch_drawer,
     check_lower_batches,
     flatten_variables,
+    stationarity,
 )
 from ..inner_optim import SGD, InnerOptimizer, check_inner_optimizer
 from ..problem import Problem
@@ -46,7 +47,8 @@ class ITD(SolverState):
     ``upper_batch``; with ``lower_batches`` the step's ``lower_batch`` is not used.
 
     Cost per step: T forward-backward passes of g with ``create_graph`` (K with
-    ``truncate=K``), one backward through them, one forward-backward of f.
+    ``truncate=K``), one backward through them, one forward-backward of f, and one
+    graph-free forward-backward of g at θ_T for ``info['lower_grad_norm']``.
     Memory: O(K · activations of g).
     """
 
@@ -73,6 +75,8 @@ class ITD(SolverState):
         est = method.estimate(objectives, variables, Batches(upper=upper_batch, lower=lower_batch),
                               draw=batch_drawer("ITD.step", self.lower_batches))
         scalars = dict(est.scalars)
+        scalars.update(stationarity(objectives, variables, est.inner_solution,
+                                    f"at θ_T after {self.inner_steps} inner steps (stationarity)"))
         scalars["outer_grad_norm"] = tree.sq_norm_list(est.outer_grad).sqrt()
         scalars["inner_grad_norm"] = tree.sq_norm_list(est.first_inner_grad).sqrt()
         info = objectives.finish(scalars)

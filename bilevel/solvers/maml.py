@@ -41,7 +41,8 @@ class MAML(SolverState):
     ``inner_grad`` and ``lower_loss`` are the first step's on B_1; f uses ``upper_batch``.
 
     Cost per step: T forward-backward passes of g with ``create_graph``, one reverse sweep
-    back through them (Hessian-vector products: ≈ T more passes), one forward-backward of f.
+    back through them (Hessian-vector products: ≈ T more passes), one forward-backward of f,
+    one graph-free forward-backward of g at θ_T for ``info['lower_grad_norm']``.
     Memory: O(T · activations of g) for the B tasks of the batch.
     """
 
@@ -57,7 +58,7 @@ class MAML(SolverState):
         self, problem: Problem, outer: Any, inner: Any, *, upper_batch: Any, lower_batch: Any
     ) -> StepResult:
         """One meta-step on a batch of tasks; see the class docstring."""
-        objectives = CheckedObjectives(problem, "MAML.step")
+        objectives = CheckedObjectives(problem, "MAML.step", through_inner=True)
         variables = flatten_variables("MAML.step", outer, inner)
         batched = has_task_dim("MAML.step", variables.outer, variables.inner)
         alpha = leaf_aliases(variables.outer)
@@ -97,7 +98,8 @@ class FOMAML(SolverState):
     support batch B_t (T draws per ``step``, in order) instead of the step's ``lower_batch`` (then unused);
     ``inner_grad`` and ``lower_loss`` are the first step's on B_1; f uses ``upper_batch``.
 
-    Cost per step: T forward-backward passes of g and one of f; no second derivatives.
+    Cost per step: T + 1 forward-backward passes of g (the last at θ_T, for
+    ``info['lower_grad_norm']``) and one of f; no second derivatives.
     Memory: O(|θ|) + one graph of g or f at a time.
     """
 

@@ -36,7 +36,8 @@ class Reptile(SolverState):
     support batch B_t (T draws per ``step``, in order) instead of the step's ``lower_batch`` (then unused);
     ``inner_grad`` and ``lower_loss`` are the first step's on B_1; f uses ``upper_batch``.
 
-    Cost per step: T forward-backward passes of g, one forward of f.
+    Cost per step: T + 1 forward-backward passes of g (the last at θ_T, for
+    ``info['lower_grad_norm']``), one forward of f.
     Memory: O(|θ|) + one graph of g at a time.
     """
 

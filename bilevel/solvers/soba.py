@@ -117,6 +117,9 @@ def soba_result(
     info = objectives.finish({
         "upper_loss": f.detach(),
         "lower_loss": g.detach(),
+        # no inner solution: θ̂ is the current θ, so these restate lower_loss/inner_grad_norm
+        "lower_loss_solution": g.detach(),
+        "lower_grad_norm": tree.sq_norm_list(d_theta).sqrt(),
         "outer_grad_norm": tree.sq_norm_list(d_alpha).sqrt(),
         "inner_grad_norm": tree.sq_norm_list(d_theta).sqrt(),
         "v_residual_norm": tree.sq_norm_list(d_v).sqrt(),  # ‖∇²_θθ g v + ∇_θ f‖

@@ -54,7 +54,8 @@ class VPBGD(SolverState):
     the step's ``lower_batch``, exactly as in :class:`bilevel.BOME`.
 
     Cost per step: T + 1 calls of g (T forward-backward passes, one w.r.t. α only at
-    θ^(T)) and one forward-backward of f — BOME's floor. No second derivatives.
+    θ^(T)) and one forward-backward of f — BOME's floor — plus one forward of f at θ^(T)
+    without graph for ``info['upper_loss']``. No second derivatives.
     Memory: O(|θ|) + one graph of f or g at a time.
     """
 
@@ -91,12 +92,10 @@ class VPBGD(SolverState):
         direction = [a + gamma * b for a, b in zip(at.df, dq)]
         info = at.objectives.finish(
             {
-                "gamma": gamma,
+                "penalty": gamma,
                 "q": q,
-                "penalized_loss": at.f.detach() + gamma * q,
-                "upper_loss": at.f.detach(),
-                "lower_loss": at.low.value.detach(),
-                "lower_loss_solution": at.low.value_at_solution.detach(),
+                "penalized_loss": at.f.detach() + gamma * q,  # at the current (α, θ)
+                **at.losses(),
                 "upper_grad_norm": tree.sq_norm_list(at.df).sqrt(),
                 "q_grad_norm": tree.sq_norm_list(dq).sqrt(),
                 "direction_norm": tree.sq_norm_list(direction).sqrt(),

@@ -104,3 +104,11 @@ def test_the_resume_example_runs_and_equals_the_uninterrupted_run(capsys):
     exec(compile(_section_block("Long runs: solver state, `checkpoint=` and resume"),
                  "docs/bilevel.md#resume", "exec"), namespace)
     assert "resumed" in capsys.readouterr().out
+
+
+def test_the_custom_root_example_matches_the_closed_form(capsys):
+    """The block asserts custom_root's L-BFGS hypergradient equals the ridge closed form."""
+    block = _section_block("Differentiating an inner solution computed elsewhere: `custom_root`")
+    exec(compile(block, "docs/bilevel.md#custom-root", "exec"), {"__name__": "__doc_croot__"})
+    assert "custom_root" in capsys.readouterr().out
+    assert "bilevel._" not in block  # public names only

@@ -167,9 +167,12 @@ def test_unused_variables_get_zero_gradients(solver):
     def f(o, i, b):
         return ((i["t"] - 1) ** 2).sum()
 
-    r = solver.step(
-        bilevel.Problem(upper=f, lower=g), outer, inner, upper_batch=None, lower_batch=None
-    )
+    with pytest.warns(bilevel.UnusedLeafWarning) as record:  # zeros, but named: not silent
+        r = solver.step(
+            bilevel.Problem(upper=f, lower=g), outer, inner, upper_batch=None, lower_batch=None
+        )
+    messages = " ".join(str(w.message) for w in record)
+    assert "outer['unused']" in messages and "inner['unused']" in messages
     assert torch.equal(r.outer_grad["unused"], torch.zeros(2, dtype=F64))
     assert torch.equal(r.inner_grad["unused"], torch.zeros(4, dtype=F64))
     if not isinstance(solver, bilevel.BOME):  # BOME's λ is 0 here: ∇f and ∇q̂ already agree
@@ -181,9 +184,10 @@ def test_lower_level_independent_of_outer_gives_zero_hypergradient():
         return 0.5 * (i["t"] ** 2).sum()
 
     for method in (bilevel.Implicit(linalg.CG()), bilevel.Unrolled(3, 0.1)):
-        h = bilevel.hypergrad(
-            problem(lower=g), OUTER, INNER, upper_batch=None, lower_batch=None, method=method
-        )
+        with pytest.warns(bilevel.UnusedLeafWarning, match=r"outer\['a'\] is used by neither"):
+            h = bilevel.hypergrad(
+                problem(lower=g), OUTER, INNER, upper_batch=None, lower_batch=None, method=method
+            )
         assert torch.equal(h["a"], torch.zeros((), dtype=F64))
 
 

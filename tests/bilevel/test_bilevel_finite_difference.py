@@ -103,7 +103,8 @@ def test_fd_counts_two_extra_gradients_and_no_double_backward():
 
     counted = bilevel.Problem(upper=upper, lower=lower)
     bilevel.FD(3, 0.1).step(counted, alpha, {"theta": theta0}, upper_batch=None, lower_batch=None)
-    assert calls == {"lower": 3 + 2, "upper": 1}  # T steps + the two perturbed gradients
+    # T steps + the two perturbed gradients + ∇_θ g at θ^(T) for info's lower_grad_norm
+    assert calls == {"lower": 3 + 2 + 1, "upper": 1}
 
 
 @pytest.mark.parametrize(

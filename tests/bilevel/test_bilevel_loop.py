@@ -91,7 +91,8 @@ def test_batches_callback_and_early_stop():
         inner_optimizer=torch.optim.SGD([inner["t"]], lr=0.1),
         callback=lambda k, r: k == 2,
     )
-    assert len(history) == 3 and seen == [("upper", 0), ("upper", 1), ("upper", 2)]
+    # two f calls per BOME step (the direction's, and upper_loss at θ^(T)), each on its batch
+    assert len(history) == 3 and seen == [("upper", k) for k in (0, 0, 1, 1, 2, 2)]
     # An iterable of pairs stops the loop when it runs out.
     history = bilevel.fit(
         problem,

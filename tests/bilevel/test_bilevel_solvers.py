@@ -50,7 +50,8 @@ def test_bome_direction_matches_closed_form_on_the_toy(phi):
     assert r.info["q"] == pytest.approx(q, rel=1e-12)
     assert r.info["lambda"] == pytest.approx(lam, rel=1e-12)
     assert r.info["phi"] == pytest.approx(phi_val, rel=1e-12)
-    assert r.info["upper_loss"] == pytest.approx(0.5 * (a - t1) ** 2 + 0.5 * (t0 - 1) ** 2)
+    assert r.info["upper_loss_current"] == pytest.approx(0.5 * (a - t1) ** 2 + 0.5 * (t0 - 1) ** 2)
+    assert r.info["upper_loss"] == pytest.approx(0.5 * (a - t1) ** 2 + 0.5 * (tT0 - 1) ** 2)  # θ^(T)
     assert r.info["lower_loss"] == pytest.approx(0.5 * t0**2 - a * t0)
     assert r.outer_grad["a"].item() == pytest.approx(df[0] + lam * dq[0], rel=1e-12)
     expected_inner = torch.tensor([df[1] + lam * dq[1], df[2] + lam * dq[2]], dtype=F64)
@@ -160,7 +161,9 @@ def test_bome_cost_floor_is_T_lower_passes_plus_one_upper_pass_plus_one_forward(
     bilevel.BOME(T, 0.1).step(
         bilevel.Problem(upper=upper, lower=lower), outer, inner, upper_batch=None, lower_batch=None
     )
-    assert calls == {"lower": T + 1, "upper": 1}  # T forward-backward + 1 forward on lower
+    # T forward-backward + 1 forward on lower; f's forward-backward + its forward at θ^(T)
+    # (info's upper_loss, no backward)
+    assert calls == {"lower": T + 1, "upper": 2}
     assert CountNetworkBackward.count == T + 1  # T lower backward passes + 1 upper
     assert frozen.grad is None
 
