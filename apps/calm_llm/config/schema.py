@@ -145,6 +145,12 @@ class TrainConfig:
     warmup_ratio: float = opt(0.1, "fraction of the steps spent in linear warmup")
     max_grad_norm: float = opt(1.0, "clip the θ gradient norm (0 = off)")
 
+    @property
+    def calib_questions(self) -> int:
+        """Calibration questions per upper-level batch: --calib-batch-size, or --batch-size
+        when 0 (a property, so that `methods` reads it without importing `config`)."""
+        return self.calib_batch_size or self.batch_size
+
 
 @dataclass
 class CalmConfig:
@@ -558,7 +564,7 @@ def split_seed(cfg: Config) -> int:
 
 def calib_batch_size(cfg: Config) -> int:
     """Calibration questions per upper-level batch: --calib-batch-size, or --batch-size when 0."""
-    return cfg.train.calib_batch_size or cfg.train.batch_size
+    return cfg.train.calib_questions
 
 
 def with_overrides(cfg: Config, point: dict[str, Any]) -> Config:
