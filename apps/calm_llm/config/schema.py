@@ -22,7 +22,7 @@ from typing import Any
 from calibration import alpha_table  # torch-free: the α names and options
 
 from ...errors import ConfigError
-from .. import methods, solvers  # torch-free: the method and solver tables
+from .. import methods, solvers, task_table  # torch-free: the method, solver and task tables
 from ..data import (
     open_qa,  # noqa: F401 - torch-free: registers the open-QA sources
     sources,  # torch-free: the one source table
@@ -268,8 +268,9 @@ class OpenQAConfig:
 @dataclass
 class Config:
     task: str = opt("mcqa", "'mcqa' (multiple choice) or 'open_qa' (free-form answers, "
-                    "Semantic-ECE; its own embedded default, docs/open_qa.md)",
-                    choices=("mcqa", "open_qa"))
+                    "Semantic-ECE; its own embedded default, docs/open_qa.md), or a task a "
+                    "plugin registers (the task table, docs/extending.md)",
+                    choices=task_table.TASKS.names())
     methods: list[str] = opt(["none", "ts", "sft", "calm"], "methods to run",
                              names=lambda: methods.names())
     plugins: list[str] = opt(
