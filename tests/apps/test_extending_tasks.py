@@ -9,7 +9,6 @@ import pytest
 
 from apps.calm_llm import tasks
 from apps.calm_llm.__main__ import main
-
 from tests.apps.test_extending import section_code
 
 PLUGIN = "top_option_task"
@@ -36,7 +35,7 @@ def test_a_plugin_task_runs_end_to_end(plugin, tmp_path, capsys):
     saved = json.loads((out / "metrics.json").read_text())
     assert saved["task"] == "top_option" and set(saved["results"]) == set(rows)
     assert saved["config_hash"] and set(saved["split_fingerprints"]) >= {"train", "calib"}
-    for row, per_ds in saved["results"].items():
+    for per_ds in saved["results"].values():
         assert set(per_ds) == {"sciq", "arc_easy"}
         for r in per_ds.values():
             assert r["n"] == 8 and 0 <= r["accuracy"] <= 1 and 0 < r["mean_confidence"] <= 1
