@@ -50,7 +50,7 @@ def make_context(model: str, *, batch: int, seed: int = 0, eager: bool = False,
     from apps.calm_llm.config import from_dict, load_file, resolve_config_file, validate
     from apps.calm_llm.data import Collator
     from apps.calm_llm.methods.base import Context
-    from apps.calm_llm.runner.load import load_data
+    from apps.calm_llm.tasks.mcqa import load_data
 
     cfg = from_dict(load_file(resolve_config_file(MODELS[model])))
     overrides = {

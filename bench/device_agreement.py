@@ -79,7 +79,7 @@ def build(device: str, data: list[str], solver: str = "itd") -> Any:
     ``solver`` itd gives eager attention (second order), bome the default kernel (SDPA)."""
     from apps.calm_llm.config import parse_args
     from apps.calm_llm.distributed import Dist
-    from apps.calm_llm.runner.load import build_mc, load_data
+    from apps.calm_llm.tasks.mcqa import build_mc, load_data
 
     cfg = parse_args(_argv(device, data, solver))
     return build_mc(cfg, Dist(), load_data(cfg)).ctx

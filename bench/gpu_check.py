@@ -129,12 +129,12 @@ def tokens_per_step(run_dir: Path) -> float:
     vocab = _vocab_size(cfg.model.name_or_path)
     tok = synthetic_tokenizer(vocab)
     if cfg.task == "open_qa":
-        from apps.calm_llm.runner.load import load_open_qa_splits, to_instruction
+        from apps.calm_llm.tasks.open_qa import load_open_qa_splits, to_instruction
 
         train = [to_instruction(ex) for ex in load_open_qa_splits(cfg).train]
         collator = Collator(tok, mode="cloze", prompt_style=cfg.data.prompt_style)
     else:
-        from apps.calm_llm.runner.load import load_data
+        from apps.calm_llm.tasks.mcqa import load_data
 
         train = list(load_data(cfg).train)
         collator = Collator(tok, mode=cfg.data.mode, prompt_style=cfg.data.prompt_style,

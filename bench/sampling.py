@@ -3,7 +3,7 @@
     python -m bench.sampling [--quick] [--model smollm2|tiny] [--n-questions 16] [--n 20]
 
 TriviaQA questions (`apps.calm_llm.data.open_qa.load_open_qa("trivia_qa")`), each prompt the
-app's (`apps.calm_llm.runner.load.INSTRUCTION` in the chat template), n samples per
+app's (`apps.calm_llm.tasks.open_qa.INSTRUCTION` in the chat template), n samples per
 question at ``--temperature`` (1.0), top-p 1.0, at most 16 new tokens, timed side by side in one process
 (round-robin, `harness.time_alternating`):
 
@@ -47,8 +47,7 @@ def prompts_for(tokenizer: Any, questions: list[str]) -> list[str]:
     """The app's open-QA prompts: its instruction in the chat template (or, for a tokenizer
     without one such as the tiny model's, the Alpaca template), as ``--task open_qa`` asks."""
     from apps.calm_llm.data import Collator
-    from apps.calm_llm.runner.evaluate import prompt_text
-    from apps.calm_llm.runner.load import INSTRUCTION
+    from apps.calm_llm.tasks.open_qa import INSTRUCTION, prompt_text
 
     style = "chat" if getattr(tokenizer, "chat_template", None) else "paper"
     collator = Collator(tokenizer, mode="cloze", prompt_style=style)

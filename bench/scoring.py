@@ -81,7 +81,7 @@ def question_sets(ctx: Any, names: list[str], n: int) -> dict[str, list]:
     """The default run's SciQ test / ARC-Easy OOD questions; the first n of a seeded shuffle
     of any other set."""
     from apps.calm_llm.data import load_source
-    from apps.calm_llm.runner.load import load_data
+    from apps.calm_llm.tasks.mcqa import load_data
 
     splits = load_data(ctx.cfg)
     have = {**splits.test, **splits.ood}

@@ -87,10 +87,10 @@ def app_config(model: str, overrides: dict[str, Any], steps: int) -> Any:
 
 def app_context(cfg: Any) -> Any:
     """The methods' `Context` for ``cfg``, built by the runner's own load stage
-    (`apps.calm_llm.runner.load.build_mc`; one model per context: candidates never share
+    (`apps.calm_llm.tasks.mcqa.build_mc`; one model per context: candidates never share
     parameters or optimizer state)."""
     from apps.calm_llm.distributed import Dist
-    from apps.calm_llm.runner.load import build_mc, load_data
+    from apps.calm_llm.tasks.mcqa import build_mc, load_data
 
     return build_mc(cfg, Dist(), load_data(cfg)).ctx
 

@@ -54,7 +54,8 @@ def main(argv: list[str] | None = None) -> int:
     except CalmError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    from .train import run  # heavy imports only after the config is valid
+    from . import tasks
+    from .runner.run import run  # heavy imports only after the config is valid
 
     apply_threads(cfg.threads)
 
@@ -63,10 +64,8 @@ def main(argv: list[str] | None = None) -> int:
         "ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning
     )
 
-    if cfg.task == "open_qa":
-        from .open_qa.run import run  # the free-form answer protocol (docs/open_qa.md)
     try:
-        run(cfg)
+        run(cfg, tasks.get(cfg.task))  # the task table: multiple choice, open QA, a plugin's
     except CalmError as e:  # anything else is a bug: its traceback is what finds it
         print(f"error: {e}", file=sys.stderr)
         return 1

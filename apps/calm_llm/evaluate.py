@@ -25,6 +25,8 @@ import torch
 
 from calibration import metrics
 
+from .tables import fmt, safe_name
+
 DOMAINS = ("id", "ood")
 DOMAIN_TITLES = {"id": "In-domain", "ood": "Out-of-domain"}
 
@@ -98,12 +100,6 @@ def evaluate_predictions(
     return results
 
 
-def _fmt(x: Any, digits: int = 3) -> str:
-    if x is None or (isinstance(x, float) and math.isnan(x)):
-        return "–"
-    return f"{x:.{digits}f}"
-
-
 def _datasets_by_domain(results: Mapping[str, Mapping[str, Mapping[str, Any]]]) -> dict[str, list[str]]:
     order: dict[str, list[str]] = {d: [] for d in DOMAINS}
     for per_ds in results.values():
@@ -143,12 +139,12 @@ def render_table(results: Mapping[str, Mapping[str, Mapping[str, Any]]]) -> str:
                     continue
                 cells = []
                 for key in ("accuracy", "conf_ece", "cw_ece"):
-                    s = _fmt(r.get(key))
+                    s = fmt(r.get(key))
                     if best.get((ds, key)) is not None and r.get(key) == best[(ds, key)]:
                         s = f"**{s}**"
                     if key == "conf_ece" and r.get("conf_ece_ci"):
                         lo, hi = r["conf_ece_ci"]
-                        s += f" [{_fmt(lo)}, {_fmt(hi)}]"
+                        s += f" [{fmt(lo)}, {fmt(hi)}]"
                     cells.append(s)
                 row += cells
             rows.append(row)
@@ -157,10 +153,6 @@ def render_table(results: Mapping[str, Mapping[str, Mapping[str, Any]]]) -> str:
         lines += ["| " + " | ".join(r) + " |" for r in rows]
         blocks.append("\n".join(lines))
     return "\n\n".join(blocks) + "\n"
-
-
-def _safe_name(s: str) -> str:
-    return "".join(c if c.isalnum() or c in "-_." else "_" for c in s)
 
 
 def write_results(
@@ -213,5 +205,5 @@ def write_results(
         for ds in datasets:
             curves = {m: (predictions[m][ds][0], predictions[m][ds][1]) for m in predictions if ds in predictions[m]}
             cplots.reliability_diagram(
-                curves, run / f"reliability_{_safe_name(ds)}.png", n_bins=n_bins, mode="top", title=ds
+                curves, run / f"reliability_{safe_name(ds)}.png", n_bins=n_bins, mode="top", title=ds
             )

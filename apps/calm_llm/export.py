@@ -44,6 +44,7 @@ from safetensors.torch import load_file, save_file
 from transformers import LogitsProcessor
 
 from ..errors import CalmError
+from . import task_table
 from .io import atomic_write_text
 from .model_card import portable, write_card
 
@@ -142,7 +143,7 @@ def calibration_record(method: Any) -> dict[str, Any] | None:
         if cfg.calm.alpha_at_inference:
             record.update(applies="alpha", acts_on=method.alpha.on)
     elif temperature is not None:
-        where = "vocab" if cfg.task == "open_qa" else "options"
+        where = "options" if task_table.info(cfg.task).has_options else "vocab"
         record.update(applies="temperature", temperature=float(temperature), acts_on=where,
                       divides=temperature_divides(cfg.task, d.mode, d.cloze_norm))
     if record["applies"] == "none" and not (info is not None and info.trains):
@@ -152,7 +153,7 @@ def calibration_record(method: Any) -> dict[str, Any] | None:
 
 def temperature_divides(task: str, mode: str, cloze_norm: str) -> str:
     """What a fitted temperature T divides, in words (``calibration.json``, the model card)."""
-    if task == "open_qa":
+    if not task_table.info(task).has_options:
         return ("every next-token logit z (B, V) while generating, before the sampling "
                 "temperature and top-p: p(token) = softmax(z / T); T minimized the calibration "
                 "split's gold-answer token NLL")

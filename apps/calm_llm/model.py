@@ -14,15 +14,17 @@ import importlib.util
 import inspect
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
 from ..errors import CalmError, ConfigError
-from .config import ModelConfig
 from .distributed import Dist, shard_frozen_base
 from .io import CorruptFile
+
+if TYPE_CHECKING:  # the type only: the model imports nothing from config (config reads methods)
+    from .config import ModelConfig
 
 DEFAULT_MODEL_NAMES = ("smollm2", "default")
 TINY_MODEL_NAME = "tiny"

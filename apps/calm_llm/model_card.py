@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from .io import atomic_write_text
+from .tables import fmt
 
 
 def write_card(export_dir: str | Path, *, run_dir: str | Path | None = None,
@@ -151,10 +152,6 @@ def _data_section(cfg: dict[str, Any], splits: dict[str, Any] | None) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _fmt(x: Any) -> str:
-    return "–" if x is None else f"{x:.3f}"
-
-
 def _results_section(row: str, metrics: dict[str, Any] | None, images: list[str]) -> str:
     per_ds = (metrics or {}).get("results", {}).get(row)
     if not per_ds:
@@ -167,7 +164,8 @@ def _results_section(row: str, metrics: dict[str, Any] | None, images: list[str]
         ci = r.get(f"{ece}_ci")
         interval = f" [{ci[0]:.3f}, {ci[1]:.3f}]" if ci else ""
         lines.append(f"| {ds} | {'in' if r.get('domain') == 'id' else 'out'} | {r.get('n')} | "
-                     f"{_fmt(r.get('accuracy'))} | {_fmt(r.get(ece))}{interval} | {_fmt(r.get('nll'))} |")
+                     f"{fmt(r.get('accuracy'), nan='nan')} | {fmt(r.get(ece), nan='nan')}{interval} | "
+                     f"{fmt(r.get('nll'), nan='nan')} |")
     lines.append("")
     lines += [f"![reliability diagram, {name}]({name})" for name in images]
     return "\n".join(lines) + "\n"

@@ -23,7 +23,7 @@ Where a study's questions come from, per cell, first found:
    given): what the run recorded (``data.splits.split_question_digests``, checked against each
    split's fingerprint);
 2. otherwise the cell's declared configuration, carved again by the run's own loader
-   (``runner.load.load_data`` or ``runner.load.load_open_qa_splits``): the splits are deterministic in the
+   (the task's ``load_splits``, `apps.calm_llm.tasks`): the splits are deterministic in the
    split seed and the data, so this is what the cell used or will use. Published cells
    (``docs/results/NAME``) keep no ``splits.json`` and are covered this way, as are declared
    studies that have not run.
@@ -69,13 +69,11 @@ def _carved(study: Study, cell: Cell) -> SplitQuestions:
     from apps.calm_llm.data.splits import question_digest
 
     cfg = cell.config(study)
-    if cfg.task == "open_qa":
-        from apps.calm_llm.runner.load import load_open_qa_splits as load
-    else:
-        from apps.calm_llm.runner.load import load_data as load
+    from apps.calm_llm import tasks
+
     with warnings.catch_warnings():  # the dedup counts of another study's data: its run warns
         warnings.simplefilter("ignore", UserWarning)
-        splits = load(cfg)
+        splits = tasks.get(cfg.task).load_splits(cfg)
     return {name: {question_digest(e) for e in exs} for name, exs in splits.named().items()}
 
 

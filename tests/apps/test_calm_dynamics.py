@@ -14,7 +14,7 @@ from apps.calm_llm.history import read_history
 from apps.calm_llm.methods.base import Context, finite_option_logits, lr_lambda
 from apps.calm_llm.methods.calm import Calm
 from apps.calm_llm.model import load
-from apps.calm_llm.runner import evaluate as runner_evaluate
+from apps.calm_llm.tasks import mcqa as runner_evaluate
 
 WORDS = ["red", "blue", "green", "cold", "warm", "tall", "short", "fast", "slow", "soft"]
 EXAMPLES = [

@@ -121,7 +121,7 @@ def test_docs_options_tables_are_the_config():
 
 
 def test_split_seed_fixes_the_questions_across_training_seeds():
-    from apps.calm_llm.runner.load import load_data
+    from apps.calm_llm.tasks.mcqa import load_data
 
     def ids(argv):
         s = load_data(C.parse_args(["--config", "tiny", *argv]))

@@ -250,10 +250,10 @@ def test_split_fingerprints_reads_a_run_and_refuses_a_damaged_record(tmp_path, f
 def test_run_records_fingerprints_in_splits_json_and_metrics_extra(tmp_path):
     """The runner's prepare stage writes splits.json with the fingerprints and puts them in the
     run-level record that metrics.json is written from."""
-    from apps.calm_llm import distributed
-    from apps.calm_llm.train import prepare_run_dir
+    from apps.calm_llm import distributed, tasks
+    from apps.calm_llm.runner.run import prepare
 
     cfg = parse_args(["--config", "tiny", "--out", str(tmp_path / "run")])
-    state, splits = prepare_run_dir(cfg, distributed.init(fsdp=False))
+    state, splits = prepare(cfg, distributed.init(fsdp=False), tasks.get("mcqa"))
     assert state.extra["split_fingerprints"] == splits.fingerprints() == split_fingerprints(state.run_dir)
     assert set(state.extra["split_fingerprints"]) == {"train", "calib", "test/sciq", "ood/arc_easy"}

@@ -81,11 +81,11 @@ def test_a_plugin_whose_own_import_is_missing_names_it_and_keeps_its_traceback(
 
 
 def test_an_unexpected_error_in_the_run_keeps_its_traceback(monkeypatch):
-    from apps.calm_llm import train
+    from apps.calm_llm.runner import run
 
-    def buggy(cfg):
+    def buggy(cfg, task):
         a, b = (1, 2, 3)  # noqa: F841 - the bug the old CLI flattened into one line
 
-    monkeypatch.setattr(train, "run", buggy)
+    monkeypatch.setattr(run, "run", buggy)
     with pytest.raises(ValueError, match="too many values to unpack"):
         main(["--config", "tiny", "--methods", "none"])

@@ -16,7 +16,7 @@ from apps.calm_llm.__main__ import main
 from apps.calm_llm.calibrated import CalibrationError, load_export
 from apps.calm_llm.export import AlphaLogitsProcessor, load_adapter, portable, portable_base_name
 from apps.calm_llm.model import load_base
-from apps.calm_llm.runner.load import load_data
+from apps.calm_llm.tasks.mcqa import load_data
 
 ROWS = ("ts", "sft", "calm")
 

@@ -1,9 +1,14 @@
-"""No import circle anywhere in apps/ (issue 27): the imports of every apps module form a graph
-without cycles, and the torch-free modules import alone, without torch, in a fresh interpreter.
+"""No import circle anywhere in apps/ (issue 27), and no two-way dependency between packages
+(issue 38): the imports of every apps module form a graph without cycles; collapsed to
+packages (``apps.calm_llm.config``, ``apps.calm_llm.runner``, ...; a top-level module is its own
+node), they still do; and the torch-free modules import alone, without torch, in a fresh
+interpreter.
 
 An import made inside a function is deferred, not absent: it is counted too, so a circle
-cannot hide behind one (the old ``config._methods()`` did). Imports under ``if TYPE_CHECKING:``
-never run and are not counted. The study package is included."""
+cannot hide behind one (the old ``config._methods()`` did), nor behind a lazy module
+``__getattr__`` (``methods.__getattr__`` importing ``methods.base``, which imported ``config``:
+``config`` ↔ ``methods``). Imports under ``if TYPE_CHECKING:`` never run and are not counted.
+The study package is included."""
 
 import ast
 import subprocess
@@ -81,6 +86,38 @@ def test_the_import_graph_of_apps_has_no_cycle():
         if _path(m).name == "__init__.py":
             graph[m] = {n for n in graph[m] if not n.startswith(m + ".")}
     assert _cycle(graph) is None, f"import circle: {' -> '.join(_cycle(graph))}"
+
+
+def package_of(module: str) -> str:
+    """The node of `module` in the package graph: its package right below ``apps.calm_llm``
+    (``apps.calm_llm.config.schema`` -> ``apps.calm_llm.config``), else the module itself
+    (``apps.calm_llm.model``, ``apps.study.summary``, ``apps.lock``)."""
+    return ".".join(module.split(".")[:3])
+
+
+def package_graph(modules: list[str]) -> dict[str, set[str]]:
+    """Package -> the packages its modules import (lazy imports included), self-edges dropped."""
+    graph: dict[str, set[str]] = {package_of(m): set() for m in modules}
+    for m in modules:
+        graph[package_of(m)] |= {package_of(n) for n in _imports(m)} - {package_of(m)}
+    return graph
+
+
+def test_no_two_packages_of_apps_import_each_other():
+    graph = package_graph(MODULES)
+    assert "apps.calm_llm.tasks" in graph and "apps.calm_llm.config" in graph
+    assert _cycle(graph) is None, f"package circle: {' -> '.join(_cycle(graph))}"
+
+
+def test_a_lazy_getattr_import_is_an_edge():
+    """The circle config ↔ methods hid behind ``methods.__getattr__`` (its ``from . import
+    base``, base importing config): collapsed to packages, such an edge closes the circle."""
+    assert "apps.calm_llm.methods.base" in _imports("apps.calm_llm.methods")  # the lazy import
+    graph = package_graph(MODULES)
+    assert "apps.calm_llm.methods" in graph["apps.calm_llm.config"]  # config reads the table
+    assert "apps.calm_llm.config" not in graph["apps.calm_llm.methods"]
+    graph["apps.calm_llm.methods"].add("apps.calm_llm.config")  # what methods.base used to do
+    assert _cycle(graph) is not None
 
 
 def test_the_cycle_finder_finds_one():

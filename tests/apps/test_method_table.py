@@ -60,7 +60,7 @@ def test_second_order_and_trained_methods_come_from_the_table():
 
 
 def test_select_applies_calm_options_to_the_calm_family_only():
-    from apps.calm_llm.train import selects
+    from apps.calm_llm.tasks.mcqa import selects
 
     calm_grid, train_grid = [{"calm.eta": 0.1}], [{"train.lr": 0.1}]
     assert selects(methods.info("calm_iterate"), calm_grid)

@@ -1,5 +1,5 @@
 """The open-QA rows that train nothing (none, ts) share one forward over the calibration split
-(`runner.evaluate.gold_token_logits`), and a row is the same whether it shared it or not."""
+(`tasks.open_qa.gold_token_logits`), and a row is the same whether it shared it or not."""
 
 from __future__ import annotations
 
@@ -11,8 +11,7 @@ import torch
 from apps.calm_llm import distributed
 from apps.calm_llm.__main__ import main
 from apps.calm_llm.open_qa import score
-from apps.calm_llm.runner import evaluate as R
-from apps.calm_llm.runner import load
+from apps.calm_llm.tasks import open_qa as R
 
 BASE = ["--config", "tiny_open_qa", "--n-boot", "0"]
 
@@ -47,7 +46,7 @@ def test_a_changed_model_is_not_taken_for_the_initial_one(tmp_path):
     from apps.calm_llm.config import parse_args
 
     cfg = parse_args([*BASE, "--out", str(tmp_path)])
-    ev = load.build_open_qa(cfg, distributed.init(fsdp=False), load.load_open_qa_splits(cfg))
+    ev = R.build_open_qa(cfg, distributed.init(fsdp=False), R.load_open_qa_splits(cfg))
     assert ev.at_init()
     name, p = next(iter(ev.ctx.lm.inner().items()))
     with torch.no_grad():

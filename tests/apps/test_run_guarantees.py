@@ -16,7 +16,7 @@ from apps.calm_llm import config as C
 from apps.calm_llm.__main__ import main
 from apps.calm_llm.io import CorruptFile
 from apps.calm_llm.methods.calm import CalmObjectives
-from apps.calm_llm.runner import load as runner_load
+from apps.calm_llm.tasks import mcqa as runner_load
 
 
 def _write_source(path, name, n, label_of=lambda i: i % 4):

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import ConfigError, PluginError
+from .. import task_table
 from .schema import (
     CONFIG_DIR,
     MOVED_TRAIN_OPTIONS,
@@ -334,8 +335,9 @@ def parse_args(argv: list[str] | None = None) -> Config:
     ns = vars(build_parser().parse_args(argv))
     cfg = Config()
     config_file = ns.pop("config", None)
-    if config_file is None and ns.get("task") == "open_qa":
-        config_file = "open_qa"  # --task open_qa alone runs its own embedded default
+    if config_file is None and ns.get("task"):
+        # --task NAME alone runs the task's own default configuration (open QA's: open_qa)
+        config_file = task_table.info(ns["task"]).default_config or None
     if config_file:
         cfg = from_dict(load_file(resolve_config_file(config_file)), cfg)
     nested: dict[str, Any] = {}

@@ -22,7 +22,7 @@ from typing import Any
 from calibration import alpha_table  # torch-free: the α names and options
 
 from ...errors import ConfigError
-from .. import methods, solvers  # torch-free: the method and solver tables
+from .. import methods, solvers, task_table  # torch-free: the method, solver and task tables
 from ..data import (
     open_qa,  # noqa: F401 - torch-free: registers the open-QA sources
     sources,  # torch-free: the one source table
@@ -145,6 +145,12 @@ class TrainConfig:
     warmup_ratio: float = opt(0.1, "fraction of the steps spent in linear warmup")
     max_grad_norm: float = opt(1.0, "clip the θ gradient norm (0 = off)")
 
+    @property
+    def calib_questions(self) -> int:
+        """Calibration questions per upper-level batch: --calib-batch-size, or --batch-size
+        when 0 (a property, so that `methods` reads it without importing `config`)."""
+        return self.calib_batch_size or self.batch_size
+
 
 @dataclass
 class CalmConfig:
@@ -262,8 +268,9 @@ class OpenQAConfig:
 @dataclass
 class Config:
     task: str = opt("mcqa", "'mcqa' (multiple choice) or 'open_qa' (free-form answers, "
-                    "Semantic-ECE; its own embedded default, docs/open_qa.md)",
-                    choices=("mcqa", "open_qa"))
+                    "Semantic-ECE; its own embedded default, docs/open_qa.md), or a task a "
+                    "plugin registers (the task table, docs/extending.md)",
+                    choices=task_table.TASKS.names())
     methods: list[str] = opt(["none", "ts", "sft", "calm"], "methods to run",
                              names=lambda: methods.names())
     plugins: list[str] = opt(
@@ -558,7 +565,7 @@ def split_seed(cfg: Config) -> int:
 
 def calib_batch_size(cfg: Config) -> int:
     """Calibration questions per upper-level batch: --calib-batch-size, or --batch-size when 0."""
-    return cfg.train.calib_batch_size or cfg.train.batch_size
+    return cfg.train.calib_questions
 
 
 def with_overrides(cfg: Config, point: dict[str, Any]) -> Config:

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import ConfigError
-from .. import methods
+from .. import methods, task_table
 from ..data import open_qa, sources
 from .schema import (
     Config,
@@ -155,7 +155,8 @@ def _check_data(cfg: Config) -> None:
         _check(d.n_ood >= 1, "--n-ood: need at least 1 question per out-of-domain source "
                "(or give no --out-of-domain sources)")
     files, hub = data_files(cfg), data_hub(cfg)
-    if cfg.task == "open_qa":
+    _check_methods_apply(cfg)
+    if task_table.info(cfg.task).source_kind == "open_qa":  # the task reads open-QA sources
         _check_open_qa(cfg, files, hub)
         return
     for src in [*d.in_domain, *d.out_of_domain]:
@@ -175,6 +176,16 @@ def _check_data(cfg: Config) -> None:
         )
     _check(d.n_calib >= 2, "--n-calib: need at least 2 calibration questions")
     _check(d.n_test >= 1, "--n-test: need at least 1 test question per in-domain source")
+
+
+def _check_methods_apply(cfg: Config) -> None:
+    """Every --methods entry applies to --task (its ``MethodInfo.tasks``)."""
+    table = methods.METHODS
+    for m in cfg.methods:
+        _check(m not in table or task_table.applies(table[m].tasks, cfg.task),
+               f"--methods {m}: does not apply to --task {cfg.task} ({m} runs under --task "
+               f"{' / '.join(table[m].tasks or ())}); methods of --task {cfg.task}: "
+               f"{[n for n, i in table.items() if task_table.applies(i.tasks, cfg.task)]}")
 
 
 def _check_open_qa(cfg: Config, files: dict[str, str], hub: dict[str, str]) -> None:
@@ -203,11 +214,6 @@ def _check_open_qa(cfg: Config, files: dict[str, str], hub: dict[str, str]) -> N
            "--match judge needs --judge-model NAME (a hub name, folder, smollm2 or tiny)"
            if q.match == "judge" else
            f"--judge-model is read only with --match judge (got --match {q.match})")
-    table = methods.METHODS
-    for m in cfg.methods:
-        _check(m not in table or "open_qa" in table[m].tasks,
-               f"--methods {m}: does not apply to --task open_qa ({table[m].name} needs answer "
-               f"options); open-QA methods: {[n for n, i in table.items() if 'open_qa' in i.tasks]}")
 
 
 def _check_train(cfg: Config) -> None:

@@ -11,17 +11,19 @@ import copy
 import math
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from .. import scoring
-from ..config import Config, calib_batch_size
 from ..data import Batch, Collator, batch_iterator
 from ..distributed import Dist
 from ..model import CausalLM
 from ..predict import predict_option_logits
 from .spec import MethodInfo
+
+if TYPE_CHECKING:  # the type only: methods import nothing from config (config reads methods)
+    from ..config import Config
 
 
 class Stream:
@@ -117,7 +119,7 @@ class Context:
         if kind == "train" and self.train_layout == "packed":
             collator = copy.copy(collator)  # the evaluation collator may be the same object
             collator.pack_sequences = True
-        per_rank = t.batch_size if kind == "train" else calib_batch_size(self.cfg)
+        per_rank = t.batch_size if kind == "train" else t.calib_questions
         if options is None:
             # cloze training needs only the gold continuation (the CE falls on it alone)
             options = "gold" if (kind == "train" and not self.letter) else "all"

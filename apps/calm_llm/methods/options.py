@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...errors import ConfigError
-from .. import solvers
+from .. import solvers, task_table
 from ..option import opt
 from .upper import UPPER_LOSSES
 
@@ -117,13 +117,14 @@ def _validate_calm_objective(cfg: Any) -> None:
     """What the upper objective reads must be what α acts on and what the scoring mode gives;
     the second-order solvers need an attention kernel with a double backward."""
     c = cfg.calm
-    if cfg.task == "open_qa":
+    task = task_table.info(cfg.task)
+    if not task.has_options:
         # free-form answers have no options: α and the upper loss act on the answer tokens
         _check(c.alpha_acts != "options" and c.alpha_support != "options",
-               "--task open_qa: answers have no options; use --alpha-acts lower_and_inference or "
-               "upper_and_inference and --alpha-support vocab or answer_tokens")
+               f"--task {task.name}: answers have no options; use --alpha-acts lower_and_inference "
+               "or upper_and_inference and --alpha-support vocab or answer_tokens")
         _check(c.upper_objective == "answer_tokens",
-               "--task open_qa: the upper loss reads the answer tokens; use --upper-objective "
+               f"--task {task.name}: the upper loss reads the answer tokens; use --upper-objective "
                "answer_tokens")
     elif c.alpha_acts == "options":
         _check(c.upper_objective == "options",
@@ -135,7 +136,7 @@ def _validate_calm_objective(cfg: Any) -> None:
            f"computed on --upper-objective {c.upper_objective}: use --upper-objective "
            f"{loss.acts_on[0]}, or an upper loss that acts on {c.upper_objective} (those: "
            f"{[n for n, i in UPPER_LOSSES.items() if c.upper_objective in i.acts_on]})")
-    if c.upper_objective == "answer_tokens" and cfg.task == "mcqa":
+    if c.upper_objective == "answer_tokens" and task.has_options:
         _check(cfg.data.mode == "cloze", "--upper-objective answer_tokens needs --mode cloze")
     if solvers.is_second_order(c.solver):
         _check(

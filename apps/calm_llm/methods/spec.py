@@ -47,8 +47,9 @@ class MethodInfo:
             every ``calm.*`` option, so ``--select`` of a calm option applies to it).
         validate: ``validate(cfg)`` raises ``config.ConfigError`` for values of its own
             options that cannot work; runs on every configuration, like every other check.
-        tasks: the ``--task`` values it applies to (``"mcqa"``, ``"open_qa"``); a method
-            that reads answer options (RCFT's regularizer) is ``("mcqa",)``.
+        tasks: the ``--task`` values it applies to (``"mcqa"``, ``"open_qa"``, a plugin's);
+            None (the default) is every task, a plugin's too; a method that reads answer
+            options (RCFT's regularizer) is ``("mcqa",)``.
         options: a dataclass of the method's own options, each field declared with
             ``config.opt(default, help)``: every field becomes a flag ``--<name>-<field>``
             (or the field's own ``flag``)
@@ -66,7 +67,7 @@ class MethodInfo:
     second_order: Callable[[Any], bool] = never
     sections: tuple[str, ...] = ()
     validate: Callable[[Any], None] | None = None
-    tasks: tuple[str, ...] = ("mcqa", "open_qa")
+    tasks: tuple[str, ...] | None = None
     summary: str = ""
     options: type | None = None
 

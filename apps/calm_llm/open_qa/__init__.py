@@ -1,5 +1,4 @@
-"""``--task open_qa``: CALM and its baselines on free-form answers, scored by Semantic-ECE.
-
-`run` is the runner (the stages of `apps.calm_llm.runner`, as the multiple-choice run), `score` turns
-per-question records into confidences, metrics, tables and reliability diagrams.
+"""Open QA's own scoring: `score` turns per-question records into confidences, metrics, tables
+and reliability diagrams; `judge` decides whether a free-form answer matches a gold alias. The
+task that runs them is `apps.calm_llm.tasks.open_qa` (``--task open_qa``).
 """

@@ -35,6 +35,10 @@ import torch
 
 from calibration import semantic
 
+from ..tables import fmt, safe_name
+
+NAN = "nan"  # a NaN in open QA's tables (an AUROC undefined on an all-correct set) stays visible
+
 KINDS = ("semantic", "split_half", "sequence_probability", "mean_token_probability",
          "min_token_probability", "verbalized")
 SAMPLED = ("semantic", "split_half")  # kinds judged on the modal answer of the samples
@@ -143,14 +147,6 @@ def dataset_metrics(
 
 
 # -- tables --------------------------------------------------------------------------------------
-def _fmt(x: Any, digits: int = 3) -> str:
-    if x is None:
-        return "–"
-    if isinstance(x, float) and x != x:
-        return "nan"
-    return f"{x:.{digits}f}" if isinstance(x, float) else str(x)
-
-
 def render_table(results: Mapping[str, Mapping[str, Mapping[str, Any]]]) -> str:
     """Markdown: one table of the headline (semantic-cluster) numbers per dataset, then one of
     Semantic-ECE per confidence kind."""
@@ -168,9 +164,9 @@ def render_table(results: Mapping[str, Mapping[str, Mapping[str, Any]]]) -> str:
         for m, r in rows.items():
             ci = r.get("semantic_ece_ci")
             ci_s = f" [{ci[0]:.3f}, {ci[1]:.3f}]" if ci else ""
-            lines.append(f"| {m} | {_fmt(r['accuracy'])} | {_fmt(r['semantic_ece'])}{ci_s} | "
-                         f"{_fmt(r['brier'])} | {_fmt(r['auroc'])} | {_fmt(r['greedy_accuracy'])} | "
-                         f"{_fmt(r['mean_clusters'], 1)} |")
+            lines.append(f"| {m} | {fmt(r['accuracy'], nan=NAN)} | {fmt(r['semantic_ece'], nan=NAN)}{ci_s} | "
+                         f"{fmt(r['brier'], nan=NAN)} | {fmt(r['auroc'], nan=NAN)} | {fmt(r['greedy_accuracy'], nan=NAN)} | "
+                         f"{fmt(r['mean_clusters'], 1, nan=NAN)} |")
         lines += ["", "Semantic-ECE (AUROC) by confidence kind:", "",
                   "| method | " + " | ".join(KINDS) + " |", "|---" * (len(KINDS) + 1) + "|"]
         for m, r in rows.items():
@@ -178,7 +174,7 @@ def render_table(results: Mapping[str, Mapping[str, Mapping[str, Any]]]) -> str:
             for kind in KINDS:
                 k = r["confidences"][kind]
                 cells.append("–" if not k.get("n") else
-                             f"{_fmt(k['semantic_ece'])} ({_fmt(k['auroc'], 2)})")
+                             f"{fmt(k['semantic_ece'], nan=NAN)} ({fmt(k['auroc'], 2, nan=NAN)})")
             lines.append(f"| {m} | " + " | ".join(cells) + " |")
         failures = {m: r["parse_failures"] for m, r in rows.items() if r["parse_failures"]}
         if failures:
@@ -205,7 +201,6 @@ def write_results(
     ``open_qa_predictions.json`` and one reliability diagram per dataset
     (``reliability_<dataset>.png``, the semantic-cluster confidence of every method). Each file
     is written whole or not at all."""
-    from ..evaluate import _safe_name
     from ..io import atomic_write_text
 
     run = Path(run_dir)
@@ -228,7 +223,7 @@ def write_results(
         datasets += [d for d in per if d not in datasets]
     for ds in datasets:
         curves = {m: confidence_pairs(per[ds], "semantic") for m, per in records.items() if ds in per}
-        cplots.reliability_diagram(curves, run / f"reliability_{_safe_name(ds)}.png",
+        cplots.reliability_diagram(curves, run / f"reliability_{safe_name(ds)}.png",
                                    n_bins=n_bins, mode="binary", title=f"{ds}: semantic confidence")
 
 

@@ -1,15 +1,16 @@
-"""The stages of a run that both tasks share, each in its own module:
+"""The stages of a run, for any task, each in its own module:
 
 * `prepare`: claim the run directory, refuse a resume that would mix results, record
   ``config.json`` and ``splits.json``;
-* `load`: the data (sources → seeded splits) and the model-side state (model, collators, the
-  methods' `Context`, the evaluation sets);
+* `load`: the model and the model-side state every row is run against (`Evaluation`: the
+  methods' `Context`, the evaluation sets, the LoRA initialization);
 * `train`: train one row for ``--steps`` optimizer steps, with checkpoints and resume;
-* `evaluate`: fit and evaluate one row (option scoring for multiple choice, sampling for open
-  QA), with and without α;
-* `report`: the run's state, writing and restoring its results, a row's export and summary;
-* `rows`: one row, train → evaluate → report.
+* `evaluate`: the passes a row is evaluated in (with and without α);
+* `report`: the run's state, when its results are written, which rows a resume keeps, a row's
+  export and summary, the final table;
+* `rows`: one row, train → evaluate → report;
+* `run`: the whole run, the stages in order.
 
-The multiple-choice run (`apps.calm_llm.train`) and the open-QA run (`apps.calm_llm.open_qa.run`)
-call them in that order and say only which task's loader, evaluator and writer they use.
+What differs between tasks (the data, how a row is evaluated and scored, the files and the
+table) is the `apps.calm_llm.tasks.base.Task` that `run` is given; no stage names a task.
 """

@@ -1,4 +1,4 @@
-"""Stage 1 of a run, shared by both tasks: claim the run directory and check a resume.
+"""Stage 1 of a run, for any task: claim the run directory and check a resume.
 
 A new run never writes over another's results (`make_run_dir`), but takes over a folder whose
 run failed before training (`NOT_STARTED`); a resume is refused when its
@@ -16,15 +16,18 @@ import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ...errors import RunRefused
 from ...lock import locked
-from .. import distributed, evaluate
+from .. import distributed
 from ..config import Config, differences
 from ..data.splits import manifest_changes
 from ..io import atomic_write_text, read_json
 from ..logs import log
+
+if TYPE_CHECKING:
+    from ..tasks.base import Task
 
 # what a run directory holds once a run has started in it (a new run never writes over these)
 RUN_FILES = ("config.json", "splits.json", "metrics.json", "predictions.safetensors",
@@ -146,9 +149,9 @@ def check_resume_splits(cfg: Config, run_dir: Path, manifest: dict[str, Any], d:
         os.replace(path, run_dir / "splits.before-resume.json")
 
 
-def claim_run_dir(cfg: Config, dist: distributed.Dist, load: Any) -> tuple[Path, Any]:
-    """The run directory and ``load(cfg)``'s splits, after the resume checks (the same options,
-    the same splits), with config.json and splits.json recorded. Shared by both tasks."""
+def claim_run_dir(cfg: Config, dist: distributed.Dist, task: Task) -> tuple[Path, Any]:
+    """The run directory and the task's splits (``task.load_splits(cfg)``), after the resume
+    checks (the same options, the same splits), with config.json and splits.json recorded."""
     run_dir = make_run_dir(cfg, dist)
     dist.barrier()  # every rank has checked the folder before rank 0 writes into it
     if cfg.resume and not (run_dir / "config.json").is_file():
@@ -156,7 +159,7 @@ def claim_run_dir(cfg: Config, dist: distributed.Dist, load: Any) -> tuple[Path,
     if cfg.resume:
         check_resume_config(cfg, run_dir)
     # the data are read and checked against the run's record before anything is written
-    splits = load(cfg)
+    splits = task.load_splits(cfg)
     manifest = splits.manifest()
     if cfg.resume:
         check_resume_splits(cfg, run_dir, manifest, dist)
@@ -194,32 +197,6 @@ def base_method(row: str) -> str:
 # a results file cut short (full disk, kill) is recomputed from the checkpoints, not guessed at
 RESULTS_FIX = ("Delete metrics.json and predictions.safetensors in that folder and resume again: "
                "every method is evaluated again (from its final checkpoint where it has one)")
-
-
-def check_kept_results(run_dir: Path, results: dict[str, dict[str, Any]],
-                       predictions: dict[str, dict[str, tuple[Any, Any]]]) -> None:
-    """Refuse kept rows whose metrics.json values are not what their saved predictions give.
-
-    A resume keeps the rows already evaluated and writes them into the new metrics.json, so an
-    edited value (or a metrics.json from another run beside these predictions) would be carried
-    on as a result. Each kept (row, dataset) is recomputed from predictions.safetensors with its
-    own --n-bins and compared, point metrics only (the bootstrap intervals would cost n_boot
-    metric evaluations each). Option logits are float32 on every device (`predict`) and the
-    probabilities are saved as float32, so the recomputation repeats the original one; the
-    tolerance (relative 1e-9) only absorbs summation order. Cost: one
-    `evaluate.dataset_metrics(n_boot=0)` per pair.
-    """
-    metrics_path, preds_path = run_dir / "metrics.json", run_dir / "predictions.safetensors"
-    for row, per_ds in results.items():
-        for ds, saved in per_ds.items():
-            if ds not in predictions[row]:
-                raise RunRefused(f"{metrics_path}: row {row!r} has {ds} but {preds_path} holds "
-                                 f"no predictions for it. {RESULTS_FIX}")
-            probs, y = predictions[row][ds]
-            now = evaluate.dataset_metrics(probs, y, domain=saved["domain"],
-                                           n_bins=saved.get("n_bins", 10), n_boot=0)
-            refuse_changed(saved, now, f"{metrics_path}: {row} on {ds}:",
-                           f"the saved predictions ({preds_path})")
 
 
 def refuse_changed(saved: dict[str, Any], now: dict[str, Any], where: str, source: str) -> None:
