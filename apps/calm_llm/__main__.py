@@ -18,6 +18,7 @@ from pathlib import Path
 
 from ..errors import CalmError, ConfigError, PluginError
 from .config import parse_args  # torch-free, like everything imported above
+from .logs import warnings_as_lines
 from .threads import apply_threads, set_wait_policy
 
 # libgomp reads OMP_WAIT_POLICY once, when torch loads it: set before the first torch import
@@ -65,7 +66,8 @@ def main(argv: list[str] | None = None) -> int:
     )
 
     try:
-        run(cfg, tasks.get(cfg.task))  # the task table: multiple choice, open QA, a plugin's
+        with warnings_as_lines():  # the app's own warnings read as its other lines
+            run(cfg, tasks.get(cfg.task))  # the task table: multiple choice, open QA, a plugin's
     except CalmError as e:  # anything else is a bug: its traceback is what finds it
         print(f"error: {e}", file=sys.stderr)
         return 1

@@ -9,8 +9,12 @@ to the *current* ``sys.stderr`` at INFO, which is what the command line has alwa
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 logger = logging.getLogger("apps.calm_llm")
@@ -46,3 +50,30 @@ def log(msg: str, d: Any = None, *, level: int = logging.INFO) -> None:
     if d is None or d.main:
         _ensure_handler()
         logger.log(level, msg)
+
+
+_APPS = Path(__file__).resolve().parents[1]  # the `apps` package: warnings raised by its code
+
+
+@contextlib.contextmanager
+def warnings_as_lines() -> Iterator[None]:
+    """While active, a warning that the app's own code raises (not a deprecation: those are
+    for developers) reaches the console as one ``warning: <message>`` line through the
+    logger, instead of Python's ``file:line: UserWarning: ...`` and the source line under it:
+    what the command line says about the data it dropped or the options it adjusted reads like
+    the rest of its output. Other warnings are shown as before; the previous handler is put
+    back on exit."""
+    previous = warnings.showwarning
+
+    def show(message, category, filename, lineno, file=None, line=None):  # noqa: ANN001
+        ours = Path(filename).resolve().is_relative_to(_APPS)
+        if ours and not issubclass(category, DeprecationWarning):
+            log(f"warning: {message}", level=logging.WARNING)
+        else:
+            previous(message, category, filename, lineno, file, line)
+
+    warnings.showwarning = show
+    try:
+        yield
+    finally:
+        warnings.showwarning = previous

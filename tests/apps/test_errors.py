@@ -89,3 +89,26 @@ def test_an_unexpected_error_in_the_run_keeps_its_traceback(monkeypatch):
     monkeypatch.setattr(run, "run", buggy)
     with pytest.raises(ValueError, match="too many values to unpack"):
         main(["--config", "tiny", "--methods", "none"])
+
+
+@pytest.mark.parametrize("body, cause", [
+    ("def f(:\n    pass\n", "SyntaxError: invalid syntax"),
+    ("from apps.calm_llm import methods\nmethods.register('sft')\n",
+     "TypeError: the method table takes a MethodInfo, got str"),
+    ("from apps.calm_llm.data import sources\nsources.register_source({'name': 'x'})\n",
+     "TypeError: register_source takes a SourceInfo, got dict"),
+    ("raise RuntimeError('the plugin refuses')\n", "RuntimeError: the plugin refuses"),
+])
+def test_a_plugin_that_breaks_or_registers_a_wrong_type_is_named_with_its_cause(
+        body, cause, tmp_path, monkeypatch, capsys):
+    """One line naming --plugins, the module and the cause; the plugin's traceback under it."""
+    name = "plugin_broken_for_errors_" + str(abs(hash(body)) % 10**6)
+    (tmp_path / f"{name}.py").write_text(body)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        assert main(["--config", "tiny", "--plugins", name]) == 2
+    finally:
+        sys.modules.pop(name, None)
+    err = capsys.readouterr().err
+    assert err.splitlines()[0].startswith(f"error: --plugins {name}: cannot import it ({cause}")
+    assert f"{name}.py" in err  # the plugin's own file, where the fault is

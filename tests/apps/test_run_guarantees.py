@@ -369,3 +369,27 @@ def test_logits_with_no_finite_entry_in_calms_upper_level_name_method_step_and_c
     assert rc == 1
     assert "[calm] non-finite loss at step" in err and "has no finite logit" in err
     assert "last good checkpoint" in err
+
+
+@pytest.mark.slow
+def test_questions_removed_for_overlapping_an_ood_test_set_are_said_on_the_console(
+        tmp_path, monkeypatch, capsys):
+    """In-domain questions that repeat out-of-domain test questions are removed (splits.json's
+    overlap_removed) and the console says so in one line: how many, from which set, which
+    flag governs it — not a Python warning with a source line under it."""
+    (tmp_path / "data").mkdir()
+    _write_source(tmp_path / "data" / "arc.jsonl", "arc", 12)
+    sciq = _write_source(tmp_path / "data" / "sciq.jsonl", "sciq", 40)
+    copies = [{"id": f"copy{i}", "question": f"Which arc thing number {i} is right?",
+               "options": [f"alpha {i}", f"beta {i}", f"gamma {i}", f"delta {i}"], "label": i % 4}
+              for i in range(5)]
+    sciq.write_text(sciq.read_text() + "".join(json.dumps(r) + "\n" for r in copies))
+    monkeypatch.chdir(tmp_path)
+    assert main([*ARGS[:ARGS.index("--methods")], "--methods", "none",
+                 *ARGS[ARGS.index("--n-boot"):], "--out", "run"]) == 0
+    err = capsys.readouterr().err
+    line = next(x for x in err.splitlines() if "arc_easy & sciq" in x)
+    assert line.startswith("warning: questions dropped before the splits were carved (--dedup drop")
+    assert "5 in both sets, removed from the second" in line and "UserWarning" not in err
+    manifest = json.loads((tmp_path / "run" / "splits.json").read_text())
+    assert manifest["overlap_removed"] == {"arc_easy & sciq": 5}
