@@ -58,22 +58,22 @@ _APPS = Path(__file__).resolve().parents[1]  # the `apps` package: warnings rais
 @contextlib.contextmanager
 def warnings_as_lines() -> Iterator[None]:
     """While active, a warning that the app's own code raises (not a deprecation: those are
-    for developers) reaches the console as one ``warning: <message>`` line through the
-    logger, instead of Python's ``file:line: UserWarning: ...`` and the source line under it:
-    what the command line says about the data it dropped or the options it adjusted reads like
-    the rest of its output. Other warnings are shown as before; the previous handler is put
-    back on exit."""
-    previous = warnings.showwarning
+    for developers) is printed as one ``warning: <message>`` line, instead of Python's
+    ``file:line: UserWarning: ...`` with the source line under it: what the command line says
+    about the data it dropped or the options it adjusted reads like the rest of its output.
+    Only the format changes (`warnings.formatwarning`): which warnings are shown, and a caller
+    that records them (``warnings.catch_warnings(record=True)``, ``pytest.warns``), are as
+    before. The previous format is put back on exit."""
+    previous = warnings.formatwarning
 
-    def show(message, category, filename, lineno, file=None, line=None):  # noqa: ANN001
-        ours = Path(filename).resolve().is_relative_to(_APPS)
-        if ours and not issubclass(category, DeprecationWarning):
-            log(f"warning: {message}", level=logging.WARNING)
-        else:
-            previous(message, category, filename, lineno, file, line)
+    def fmt(message, category, filename, lineno, line=None):  # noqa: ANN001
+        if (not issubclass(category, DeprecationWarning)
+                and Path(filename).resolve().is_relative_to(_APPS)):
+            return f"warning: {message}\n"
+        return previous(message, category, filename, lineno, line)
 
-    warnings.showwarning = show
+    warnings.formatwarning = fmt
     try:
         yield
     finally:
-        warnings.showwarning = previous
+        warnings.formatwarning = previous
