@@ -122,6 +122,9 @@ class Study:
     # each split kind's role (SPLIT_KINDS -> ROLES): a study refuses to test on questions another
     # study used for development, and to develop on another's test questions (apps.study.discipline)
     roles: dict[str, str] = dataclasses.field(default_factory=lambda: dict(DEVELOPMENT))
+    # shared questions found after the study ran, acknowledged by name so the check still
+    # guards against any more: "other study: this study's split" -> how many (discipline.check)
+    acknowledged_shared: dict[str, int] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if set(self.roles) != set(SPLIT_KINDS) or not set(self.roles.values()) <= set(ROLES):
@@ -421,6 +424,10 @@ FINAL = Study(
              Comparison("calm/calm", "sft/sft", "arc_easy_test", "error", _FINAL),
              Comparison("calm/calm", "reference/none", "arc_easy_test", "accuracy", _FINAL)),
     roles={"train": "training", "calib": "development", "test": "development", "ood": "test"},
+    # found after the study ran, when the check learned to fold plurals (issue 39): one
+    # ARC-Challenge test question whose options differ from a validation question's only in
+    # "adaptation(s)"; ARC-Challenge is outside the primary family, so no verdict reads it
+    acknowledged_shared={"laptop-screen: ood/arc_challenge_test": 1},
 )
 
 # The papers' 7B protocol (configs/paper-7b.yaml) on four aligned models. The CALM paper names

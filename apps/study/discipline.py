@@ -15,13 +15,23 @@ and refuses (``DisciplineError``) when this study's test questions meet another 
 development questions, or the reverse, naming both studies, the two splits, the number of shared
 questions and the fix. Questions are compared by ``data.splits.question_digest`` (the text up to
 case, spacing and punctuation, with the set of options), so a copy under another id or with its
-options reordered is still the same question.
+options reordered is still the same question; and by `near_digest`, the same with every word's
+plural ending folded (``adaptations`` = ``adaptation``, ``species`` = ``specy`` on both sides), so
+a copy whose options differ only in inflection is the same question too (one such pair of
+ARC-Challenge questions, validation and test documents, had slipped the exact digest).
+A question of one split counts as shared when either key meets the other split's.
+
+A study may acknowledge, by name, shared questions found after it ran
+(``Study.acknowledged_shared``): the check then refuses only when more are shared than it
+acknowledges, and reports the acknowledged ones.
 
 Where a study's questions come from, per cell, first found:
 
 1. the cell's own ``splits.json`` under the study's root (``runs/study-NAME``, or the root
    given): what the run recorded (``data.splits.split_question_digests``, checked against each
-   split's fingerprint);
+   split's fingerprint), with the near-duplicate keys of the same carving from its declaration
+   when that carving gives the recorded questions (else the exact digests alone, and a line
+   that says so);
 2. otherwise the cell's declared configuration, carved again by the run's own loader
    (the task's ``load_splits``, `apps.calm_llm.tasks`): the splits are deterministic in the
    split seed and the data, so this is what the cell used or will use. Published cells
@@ -35,18 +45,23 @@ methods or training options share it): loading each source once, O(questions) di
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
+import re
 import sys
 import warnings
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 from apps.errors import DataError
 from apps.study.catalogue import ROLES, SPLIT_KINDS, Study
 from apps.study.runner import Cell, cells
 
-# split name (train, calib, test/<set>, ood/<set>) -> question digests
-SplitQuestions = dict[str, set[str]]
+# split name (train, calib, test/<set>, ood/<set>) -> its questions, each as
+# (question_digest, near_digest or None where only the exact digest is known)
+Question = tuple[str, "str | None"]
+SplitQuestions = dict[str, set[Question]]
 Loader = Callable[[Study, Cell, Path], SplitQuestions]
 
 
@@ -63,6 +78,41 @@ def split_kind(name: str) -> str:
     return kind
 
 
+_WORD = re.compile(r"[\W_]+")  # runs of anything but letters and digits, as question_key
+
+
+def _fold(word: str) -> str:
+    """A word without its English plural ending when at least three letters stay: -ies -> -y
+    (``bodies``), -es after s, x, z, ch, sh (``boxes``), else -s but not -ss (``adaptations``,
+    ``maybes``); ``gas`` and ``glass`` stay."""
+    if word.endswith("ies") and len(word) >= 6:
+        return word[:-3] + "y"
+    if word.endswith("es") and word[:-2].endswith(("s", "x", "z", "ch", "sh")) and len(word) >= 5:
+        return word[:-2]
+    if word.endswith("s") and not word.endswith("ss") and len(word) >= 4:
+        return word[:-1]
+    return word
+
+
+def near_key(e: Any) -> str:
+    """The inflection-blind key of a question: its text and the SET of its option texts, each
+    casefolded, punctuation and spacing collapsed, every word's plural ending folded (`_fold`).
+    Coarser than ``data.splits.question_key`` on purpose: it is used only to keep final-test
+    questions away from development ones, where a false match costs a question and a missed
+    one costs the claim."""
+    def norm(t: str) -> str:
+        return " ".join(_fold(w) for w in _WORD.sub(" ", t.casefold()).split())
+
+    if not hasattr(e, "question"):  # an instruction example: never a test question
+        return "\x1e" + norm(getattr(e, "instruction", "")) + "\x1f" + norm(getattr(e, "input", ""))
+    return "\x1f".join([norm(e.question), *sorted({norm(o) for o in getattr(e, "options", ())})])
+
+
+def near_digest(e: Any) -> str:
+    """The first 16 hex digits of sha256 over `near_key`."""
+    return hashlib.sha256(near_key(e).encode("utf-8")).hexdigest()[:16]
+
+
 def _carved(study: Study, cell: Cell) -> SplitQuestions:
     """The questions of a cell's splits, carved again from its declared configuration by the
     run's own loader (deterministic in the split seed and the data)."""
@@ -74,7 +124,8 @@ def _carved(study: Study, cell: Cell) -> SplitQuestions:
     with warnings.catch_warnings():  # the dedup counts of another study's data: its run warns
         warnings.simplefilter("ignore", UserWarning)
         splits = tasks.get(cfg.task).load_splits(cfg)
-    return {name: {question_digest(e) for e in exs} for name, exs in splits.named().items()}
+    return {name: {(question_digest(e), near_digest(e)) for e in exs}
+            for name, exs in splits.named().items()}
 
 
 def cell_questions(study: Study, cell: Cell, root: Path, *,
@@ -84,8 +135,23 @@ def cell_questions(study: Study, cell: Cell, root: Path, *,
     configuration and split seed) lets cells that share their splits carve them once."""
     from apps.calm_llm.data.splits import split_question_digests
 
-    if (root / cell.name / "splits.json").is_file():
-        return split_question_digests(root / cell.name)
+    if not (root / cell.name / "splits.json").is_file():
+        return _carved_once(study, cell, cache)
+    record = split_question_digests(root / cell.name)
+    try:  # the near-duplicate keys of the recorded questions, if the carving is what ran
+        carved = _carved_once(study, cell, cache)
+    except DataError:
+        carved = {}
+    if {name: {d for d, _ in qs} for name, qs in carved.items()} == record:
+        return carved
+    print(f"split discipline: {study.name} {cell.name}: its splits.json is not what its "
+          "declaration carves from the data here, so its questions are compared by their exact "
+          "digests only (no near-duplicate match)", file=sys.stderr)
+    return {name: {(d, None) for d in ds} for name, ds in record.items()}
+
+
+def _carved_once(study: Study, cell: Cell,
+                 cache: dict[str, SplitQuestions | DataError] | None) -> SplitQuestions:
     cfg = cell.config(study)
     key = json.dumps([cfg.task, cfg.split_seed, cfg.seed if cfg.split_seed < 0 else None,
                       dataclasses.asdict(cfg.data)], sort_keys=True, default=str)
@@ -135,9 +201,18 @@ def default_root(study: Study) -> Path:
     return Path(f"runs/study-{study.name}")
 
 
+def shared(mine: set[Question], theirs: set[Question]) -> int:
+    """How many of ``mine`` are in ``theirs``: by exact digest, or by near digest where both
+    sides know it (module docstring)."""
+    exact = {d for d, _ in theirs}
+    near = {n for _, n in theirs if n is not None}
+    return len({d for d, n in mine if d in exact or (n is not None and n in near)})
+
+
 def _overlaps(mine: SplitQuestions, theirs: SplitQuestions) -> list[tuple[str, str, int]]:
-    return [(a, b, len(qa & qb)) for a, qa in sorted(mine.items()) for b, qb in sorted(theirs.items())
-            if qa & qb]
+    found = [(a, b, shared(qa, qb)) for a, qa in sorted(mine.items())
+             for b, qb in sorted(theirs.items())]
+    return [f for f in found if f[2]]
 
 
 def check(study: Study, root: Path, catalogue: Mapping[str, Study], *,
@@ -164,13 +239,30 @@ def check(study: Study, root: Path, catalogue: Mapping[str, Study], *,
                 continue
             theirs = by_role(other, where, their_role, loader=loader, cache=cache, skipped=skipped)
             compared += 1
-            found = _overlaps(mine[my_role], theirs)
+            found = _unacknowledged(study, other, _overlaps(mine[my_role], theirs))
             if found:
                 raise DisciplineError(_message(study, other, my_role, found))
     for why, left in skipped.items():
         print(f"split discipline: {len(left)} cells of {why.split(':')[0]} left out, their splits "
               f"cannot be carved from the data here ({why.split(': ', 1)[1]})", file=sys.stderr)
     return compared
+
+
+def _unacknowledged(study: Study, other: Study,
+                    found: list[tuple[str, str, int]]) -> list[tuple[str, str, int]]:
+    """``found`` without the shared questions ``study`` acknowledges (``acknowledged_shared``:
+    "other study: my split" -> how many), each acknowledged one said on stderr."""
+    left = []
+    for mine, theirs, n in found:
+        allowed = study.acknowledged_shared.get(f"{other.name}: {mine}", 0)
+        if n > allowed:
+            left.append((mine, theirs, n))
+        else:
+            print(f"split discipline: {study.name}'s {mine} split shares {n} question"
+                  f"{'s' if n != 1 else ''} with "
+                  f"{other.name}'s {theirs} split, acknowledged in its declaration",
+                  file=sys.stderr)
+    return left
 
 
 def _message(study: Study, other: Study, my_role: str, found: list[tuple[str, str, int]]) -> str:

@@ -157,10 +157,16 @@ def test_the_arc_test_documents_share_no_question_with_the_validation_documents(
     (they all used the validation split), and which carry no copy of a validation question."""
     from apps.calm_llm.data.splits import question_digest
 
+    near = {}
     for name in ("arc_easy", "arc_challenge"):
-        val = {question_digest(e) for e in load_source(name)}
-        test = {question_digest(e) for e in load_source(f"{name}_test")}
-        assert len(test) > 1000 and not val & test
+        val, test = load_source(name), load_source(f"{name}_test")
+        assert len(test) > 1000
+        assert not {question_digest(e) for e in val} & {question_digest(e) for e in test}
+        near[name] = {D.near_digest(e) for e in val} & {D.near_digest(e) for e in test}
+    # the one near-duplicate (options "structural adaptation(s)", "behavioral adaptation(s)"),
+    # acknowledged by the final study
+    assert {k: len(v) for k, v in near.items()} == {"arc_easy": 0, "arc_challenge": 1}
+    assert S.STUDIES["final"].acknowledged_shared == {"laptop-screen: ood/arc_challenge_test": 1}
     assert set(S.STUDIES["final"].common) >= {"arc_easy_test", "arc_challenge_test"}
 
 
@@ -174,3 +180,50 @@ def test_a_declared_study_the_data_cannot_carve_is_named_and_left_out(tmp_path, 
     assert D.check(final, tmp_path / "final", {"big": big, "final": final}) == 1
     err = capsys.readouterr().err
     assert "split discipline: 2 cells of big left out" in err and "fewer than n_train" in err
+
+
+def _plural_copy(tmp_path, data):
+    """A copy of ``fresh`` under new ids whose options differ only in inflection."""
+    rows = [json.loads(x) for x in data["fresh"].read_text().splitlines()]
+    for r in rows:
+        r["id"] = "plural-" + r["id"]
+        r["options"] = [o.replace("yes", "yeses").replace("maybe", "maybes") for o in r["options"]]
+    copy = tmp_path / "plural.jsonl"
+    copy.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    return {**data, "fresh": copy}
+
+
+def test_a_copy_whose_options_differ_only_in_inflection_is_the_same(tmp_path, data):
+    assert D.near_key(load_source("fresh", path=str(_plural_copy(tmp_path, data)["fresh"]))[0]) \
+        == D.near_key(load_source("fresh", path=str(data["fresh"]))[0])
+    words = ("adaptations", "bodies", "boxes", "maybes", "yeses", "gas", "glass", "is")
+    assert [D._fold(w) for w in words] == \
+        ["adaptation", "body", "box", "maybe", "yes", "gas", "glass", "is"]
+    dev = _study("dev", _plural_copy(tmp_path, data), ["fresh"], n_ood=40)
+    final = _study("final", data, ["fresh"], roles=FINAL_ROLES)
+    with pytest.raises(D.DisciplineError, match="shares 12 questions with dev's ood/fresh split"):
+        D.check(final, tmp_path / "final", {"dev": dev, "final": final})
+
+
+def test_shared_questions_a_study_acknowledges_pass_and_one_more_is_refused(tmp_path, data, capsys):
+    import dataclasses
+
+    dev = _study("dev", _plural_copy(tmp_path, data), ["fresh"], n_ood=40)
+    final = _study("final", data, ["fresh"], roles=FINAL_ROLES)
+    known = dataclasses.replace(final, acknowledged_shared={"dev: ood/fresh": 12})
+    assert D.check(known, tmp_path / "final", {"dev": dev, "final": known}) >= 1
+    assert "shares 12 questions with dev's ood/fresh split, acknowledged" in capsys.readouterr().err
+    fewer = dataclasses.replace(final, acknowledged_shared={"dev: ood/fresh": 11})
+    with pytest.raises(D.DisciplineError, match="shares 12 questions"):
+        D.check(fewer, tmp_path / "final", {"dev": dev, "final": fewer})
+
+
+def test_a_recorded_cell_is_matched_by_near_duplicates_when_its_carving_is_what_ran(tmp_path, data):
+    """dev ran (its splits.json recorded, the same seed its declaration carves): its recorded
+    questions still meet a plural copy in the final study's test split."""
+    plural = _plural_copy(tmp_path, data)
+    dev = _study("dev", data, ["fresh"], n_ood=12)
+    _record(tmp_path / "runs" / "study-dev", dev, data, ["fresh"], split_seed=0)
+    final = _study("final", plural, ["fresh"], roles=FINAL_ROLES, n_ood=40)
+    with pytest.raises(D.DisciplineError, match="shares 12 questions with dev's ood/fresh split"):
+        D.check(final, tmp_path / "final", {"dev": dev, "final": final})
