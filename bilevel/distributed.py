@@ -33,7 +33,8 @@ from torch.utils import _pytree as pytree
 
 from . import tree
 
-__all__ = ["average", "data_parallel", "is_data_parallel", "rank", "shard", "world_size"]
+__all__ = ["average", "barrier", "data_parallel", "is_data_parallel", "rank", "shard",
+           "world_size"]
 
 # (enabled, group): enabled None = on whenever a process group is initialized (the default)
 _SETTING: ContextVar[tuple[bool | None, Any]] = ContextVar("bilevel_data_parallel",
@@ -82,6 +83,13 @@ def rank() -> int:
 def is_data_parallel() -> bool:
     """True when the solvers average their gradients over more than one rank."""
     return world_size() > 1
+
+
+def barrier() -> None:
+    """Wait until every data-parallel rank has arrived (``torch.distributed.barrier``); nothing
+    when data parallelism is off. ``fit`` calls it after rank 0 writes a checkpoint."""
+    if world_size() > 1:
+        dist.barrier(group=_SETTING.get()[1])
 
 
 def all_mean(xs: Sequence[torch.Tensor], *, differentiable: bool = False) -> list[torch.Tensor]:

@@ -202,7 +202,15 @@ CHECKPOINT_FORMAT = 1
 def _save_checkpoint(path: Path, step: int, outer: Any, inner: Any, optimizers: tuple,
                      solver: Any, history: History) -> None:
     """Everything ``fit`` needs to continue after ``step`` outer steps, written atomically (a
-    temp file, then ``os.replace``), so a kill mid-write leaves the previous checkpoint."""
+    temp file, then ``os.replace``), so a kill mid-write leaves the previous checkpoint.
+
+    Under data parallelism rank 0 alone writes (the ranks' states are identical), and every
+    rank waits until it has: a rank that left ``fit`` first and resumed from ``path`` at
+    once would otherwise read the previous checkpoint, or none, and its collectives would
+    no longer pair with rank 0's."""
+    if _distributed.rank() != 0:
+        _distributed.barrier()
+        return
     state = {
         "format": CHECKPOINT_FORMAT,
         "step": step,
@@ -216,6 +224,7 @@ def _save_checkpoint(path: Path, step: int, outer: Any, inner: Any, optimizers: 
     tmp = path.with_name(path.name + ".tmp")
     torch.save(state, tmp)
     os.replace(tmp, path)
+    _distributed.barrier()
 
 
 def _resume(path: Path, outer: Any, inner: Any, optimizers: tuple, solver: Any,
@@ -321,7 +330,7 @@ def fit(
             call continues bit for bit where the interrupted one stopped. A callable
             ``batches`` is called with the global step, so it resumes exactly; an iterable
             is advanced past the steps already done. Under data parallelism only rank 0
-            writes it; every rank resumes from it.
+            writes it (the others wait until it has); every rank resumes from it.
         distributed: data parallelism over ``torch.distributed`` (docs/bilevel.md,
             "Distributed (data-parallel) runs"): None (default) = on when a process group
             with more than one rank is initialized (or as an enclosing
@@ -340,7 +349,7 @@ def fit(
     history = History()
     path = None if checkpoint is None else Path(checkpoint)
     with contextlib.nullcontext() if distributed is None else _distributed.data_parallel(distributed):
-        save = path is not None and _distributed.rank() == 0  # rank 0 alone writes checkpoints
+        save = path is not None
         start = _resume_point(path, checkpoint_every, (outer, inner, optimizers, solver, history),
                               source if batches is not None and not callable(batches) else None)
         bar = _Progress(steps, progress, max(1, log_every), desc or type(solver).__name__)

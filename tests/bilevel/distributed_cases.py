@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import datetime
 import itertools
+import re
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,8 @@ F64 = torch.float64
 STEPS = 3
 TASKS, POINTS, DIM = 4, 6, 3  # the meta problem: 4 tasks (2 per rank) of 6 points in R^3
 PROBLEM = bilevel.Problem(upper=example.upper, lower=example.lower)
+ROOT = Path(__file__).resolve().parents[2]
+DOCS_SECTION = "Distributed (data-parallel) runs: `torchrun`, `bilevel.distributed`"
 
 
 def task_loss(params: dict[str, torch.Tensor], batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
@@ -140,11 +143,28 @@ def _collective_checks(rank: int, world: int) -> dict[str, Any]:
                                   lower_batch=batch)
     except FloatingPointError as e:
         out["nan_error"] = str(e)
+    saba = bilevel.SABA(0.3, n_upper=2, n_lower=2)
+    try:  # rank r passes index r: the ranks would refresh different memory entries
+        saba.step(PROBLEM, outer, inner, upper_batch=bilevel.Indexed(rank, val),
+                  lower_batch=bilevel.Indexed(0, train))
+    except ValueError as e:
+        out["saba_error"] = str(e)
     with bilevel.distributed.data_parallel(False):
         out["world_when_off"] = bilevel.distributed.world_size()
     out["alone"] = run("AID", bilevel.distributed.shard, distributed=False)
     out["example"] = example.run(steps=STEPS)
+    out["docs"] = docs_example()
     return out
+
+
+def docs_example() -> dict[str, Any]:
+    """docs/bilevel.md's data-parallel script, run as written: its final α and info."""
+    text = (ROOT / "docs" / "bilevel.md").read_text()
+    section = text.split(f"## {DOCS_SECTION}", 1)[1].split("\n## ", 1)[0]
+    (block,) = re.findall(r"```py\n(.*?)```", section, flags=re.S)
+    namespace: dict[str, Any] = {"__name__": "__doc_distributed__"}
+    exec(compile(block, "docs/bilevel.md#distributed", "exec"), namespace)
+    return {"alpha": bilevel.tree.detach(namespace["alpha"]), "info": namespace["history"].last}
 
 
 def worker(rank: int, world: int, store: str, out_dir: str) -> None:

@@ -82,6 +82,16 @@ def test_the_example_gives_the_one_process_numbers(ranks):
 
 
 @pytest.mark.slow
+def test_the_docs_script_gives_the_one_process_numbers(ranks, capsys):
+    want = cases.docs_example()
+    assert "1 rank(s)" in capsys.readouterr().out
+    for r in ranks:
+        close(r["checks"]["docs"]["alpha"], want["alpha"])
+        assert r["checks"]["docs"]["info"]["upper_loss"] == pytest.approx(
+            want["info"]["upper_loss"], rel=RTOL)
+
+
+@pytest.mark.slow
 def test_collectives_beside_the_solvers(ranks):
     for rank, r in enumerate(ranks):
         checks = r["checks"]
@@ -90,6 +100,7 @@ def test_collectives_beside_the_solvers(ranks):
         # a NaN in rank 1's g fails both ranks' step (none waits forever in a collective)
         assert "non-finite value" in checks["nan_error"]
         assert ("(nan)" in checks["nan_error"]) == (rank == 1)
+        assert "different Indexed indices" in checks["saba_error"]
         assert checks["world_when_off"] == 1
         # distributed=False: each rank alone on its own shard
         want = cases.run("AID", lambda batch, r=rank: tuple(half(x, r) for x in batch))
