@@ -45,11 +45,25 @@ def meta_data() -> tuple[tuple[torch.Tensor, torch.Tensor], tuple[torch.Tensor, 
     return (x[:, POINTS:], y[:, POINTS:]), (x[:, :POINTS], y[:, :POINTS])
 
 
-def solvers() -> dict[str, tuple[Any, dict[str, Any]]]:
-    """name -> (a fresh solver, how fit applies it); every solver of the library."""
+def minibatches(shard: Any) -> Any:
+    """A ``lower_batches`` source: the training batch's four quarters in turn, each this
+    process's shard of it (the same sequence on every rank)."""
+    train = example.data()[0]
+    quarters = itertools.cycle([shard((train[0][k::4], train[1][k::4])) for k in range(4)])
+    return lambda: next(quarters)
+
+
+def solvers(shard: Any = lambda b: b) -> dict[str, tuple[Any, dict[str, Any]]]:
+    """name -> (a fresh solver, how fit applies it); every solver of the library, and the
+    fresh-batch inner loops (``lower_batches``) drawing ``shard``s."""
     cg = bilevel.linalg.CG(maxiter=40, tol=1e-13)
     joint = {"inner_update": "optimizer", "inner_lr": 0.3}
     return {
+        "ITD minibatch": (bilevel.ITD(4, 0.5, lower_batches=minibatches(shard)), {}),
+        "AID stocBiO": (bilevel.AID(3, 0.5, bilevel.linalg.Neumann(5, 0.5, on_unconverged="ignore"),
+                                    fresh_inner_steps=True,
+                                    lower_batches=minibatches(shard)), {}),
+        "BOME minibatch": (bilevel.BOME(4, 0.5, lower_batches=minibatches(shard)), joint),
         "ITD": (bilevel.ITD(6, 0.5), {}),
         "ITD truncated momentum": (
             bilevel.ITD(6, 0.3, truncate=3, inner_optimizer=bilevel.SGD(momentum=0.9)), {}),
@@ -101,7 +115,7 @@ def run(name: str, shard: Any = lambda b: b, steps: int = STEPS, **fit_options: 
         ) -> dict[str, Any]:
     """``steps`` steps of solver ``name`` on this process's shards: the final α and θ,
     every step's info and the last step's inner_solution (None if no step ran)."""
-    solver, how = solvers()[name]
+    solver, how = solvers(shard)[name]
     meta = "meta" in how
     outer, inner = _variables(meta, TASKS // bilevel.distributed.world_size())
     inner_opt = (torch.optim.SGD(bilevel.tree.leaves(inner), lr=how["inner_lr"])
@@ -153,8 +167,23 @@ def _collective_checks(rank: int, world: int) -> dict[str, Any]:
         out["world_when_off"] = bilevel.distributed.world_size()
     out["alone"] = run("AID", bilevel.distributed.shard, distributed=False)
     out["example"] = example.run(steps=STEPS)
+    out["hypergrad"] = hypergrads(bilevel.distributed.shard)
     out["docs"] = docs_example()
     return out
+
+
+def hypergrads(shard: Any) -> dict[str, Any]:
+    """``bilevel.hypergrad`` by each method, with its info, at one point."""
+    train, val = example.data()
+    outer = {"log_l2": torch.linspace(-1.0, 0.5, example.FEATURES, dtype=F64)}
+    inner = {"w": torch.linspace(0.3, -0.2, example.FEATURES, dtype=F64),
+             "b": torch.tensor(0.1, dtype=F64)}
+    methods = {"Unrolled": bilevel.Unrolled(5, 0.5),
+               "Implicit": bilevel.Implicit(bilevel.linalg.CG(maxiter=30, tol=1e-13)),
+               "FiniteDifference": bilevel.FiniteDifference(0.5)}
+    return {name: bilevel.hypergrad(PROBLEM, outer, inner, upper_batch=shard(val),
+                                    lower_batch=shard(train), method=m, return_info=True)
+            for name, m in methods.items()}
 
 
 def docs_example() -> dict[str, Any]:

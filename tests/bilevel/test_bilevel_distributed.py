@@ -82,6 +82,16 @@ def test_the_example_gives_the_one_process_numbers(ranks):
 
 
 @pytest.mark.slow
+def test_hypergrad_on_two_ranks_is_the_full_batch_hypergradient(ranks):
+    want = cases.hypergrads(lambda b: b)
+    for r in ranks:
+        for name, (grads, info) in r["checks"]["hypergrad"].items():
+            close(grads, want[name][0])
+            for key, value in want[name][1].items():
+                assert info[key] == pytest.approx(value, rel=RTOL, abs=1e-12), (name, key)
+
+
+@pytest.mark.slow
 def test_the_docs_script_gives_the_one_process_numbers(ranks, capsys):
     want = cases.docs_example()
     assert "1 rank(s)" in capsys.readouterr().out
