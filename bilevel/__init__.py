@@ -19,8 +19,8 @@ Public API::
              | bilevel.IMAML(20, 0.01)                    # inner = bilevel.task_copies(α, B)
     result = solver.step(problem, outer, inner, upper_batch=..., lower_batch=...)
     bilevel.fit(problem, solver, outer, inner, steps=..., outer_optimizer=..., inner_optimizer=...)
-    with bilevel.distributed.data_parallel(False): ...   # under torchrun every step is
-                                                        # data-parallel by default
+    bilevel.distributed.shard(batch)    # under torchrun: this rank's part; every step and fit
+                                        # average their gradients over the ranks
     @bilevel.custom_root(optimality)   # optimality(outer, inner) = 0 at solve(outer)'s result
     def solve(outer): ...               # any solver; the result is differentiable in outer
 
