@@ -19,13 +19,15 @@ Public API::
              | bilevel.IMAML(20, 0.01)                    # inner = bilevel.task_copies(α, B)
     result = solver.step(problem, outer, inner, upper_batch=..., lower_batch=...)
     bilevel.fit(problem, solver, outer, inner, steps=..., outer_optimizer=..., inner_optimizer=...)
+    bilevel.distributed.shard(batch)    # under torchrun: this rank's part; every step and fit
+                                        # average their gradients over the ranks
     @bilevel.custom_root(optimality)   # optimality(outer, inner) = 0 at solve(outer)'s result
     def solve(outer): ...               # any solver; the result is differentiable in outer
 
 See docs/bilevel.md for the formulas, costs and a runnable example.
 """
 
-from . import errors, inner_optim, linalg, tree
+from . import distributed, errors, inner_optim, linalg, tree
 from ._finite_difference import FiniteDifference
 from ._hypergrad import Estimate, HypergradMethod, Implicit, Unrolled, hypergrad
 from .errors import (
@@ -91,6 +93,7 @@ __all__ = [
     "VPBGD",
     "apply",
     "custom_root",
+    "distributed",
     "errors",
     "fit",
     "hypergrad",

@@ -64,13 +64,13 @@ class FiniteDifference:
         g0 = objectives.lower(
             outer_const, variables.inner_tree(theta0), batches.lower, "inner step 1 of 1"
         )
-        g_theta = grad(g0, theta0)
+        g_theta = objectives.mean(grad(g0, theta0))
         with torch.no_grad():
             theta1 = torch._foreach_add([t.detach() for t in theta0], g_theta, alpha=-self.inner_lr)
         theta1 = leaf_aliases(theta1)
         f = objectives.upper(outer_tree, variables.inner_tree(theta1), batches.upper,
                              "after 1 inner step")
-        df = grad(f, alpha + theta1)
+        df = objectives.mean(grad(f, alpha + theta1))
         f_alpha, v = df[: len(alpha)], df[len(alpha):]
         # r = ε/‖v‖ as a tensor (no device sync); v = 0 gives θ^± = θ and a zero difference.
         norm = tree.sq_norm_list(v).sqrt()
@@ -81,7 +81,7 @@ class FiniteDifference:
                 shifted = [t.detach() + (sign * r).to(t.dtype) * vi for t, vi in zip(theta0, v)]
             label = f"at θ {'+' if sign > 0 else '−'} r·∇_θ f (finite difference)"
             g = objectives.lower(outer_tree, variables.inner_tree(shifted), batches.lower, label)
-            sides.append(grad(g, alpha))
+            sides.append(objectives.mean(grad(g, alpha)))
         scale = -self.inner_lr / (2.0 * r)
         outer_grad = [
             fa + scale.to(p.dtype) * (p - m) for fa, p, m in zip(f_alpha, sides[0], sides[1])

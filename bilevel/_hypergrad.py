@@ -141,13 +141,16 @@ class Unrolled:
             where = f"inner step {t + 1} of {T}"
             b = batches.lower if draw is None else draw()
             g = objectives.lower(outer_tree, variables.inner_tree(theta), b, where)
-            gth = grad(g, theta, create_graph=True)
+            # differentiable mean over ranks: the reverse sweep all-reduces its adjoints too
+            gth = objectives.mean(grad(g, theta, create_graph=True), differentiable=True)
             if t == 0:
                 first_grad, first_value = [x.detach() for x in gth], g.detach()
             theta, state = opt.step(theta, gth, state, lr)
         where = f"after {T} inner steps"
         f = objectives.upper(outer_tree, variables.inner_tree(theta), batches.upper, where)
-        outer_grad = grad(f, alpha)  # frees the unrolled graph
+        # frees the unrolled graph; each rank has the partial through its own α (its f and g
+        # evaluations), so their mean over ranks is dF/dα of the mean f
+        outer_grad = objectives.mean(grad(f, alpha))
         assert first_grad is not None and first_value is not None  # steps >= 1
         return Estimate(
             outer_grad=[x.detach() for x in outer_grad],
@@ -178,7 +181,7 @@ def _optimizer_steps(
         leaves = leaf_aliases(theta)
         b = batch if draw is None else draw()
         g = objectives.lower(outer, variables.inner_tree(leaves), b, f"inner step {t + 1} of {total}")
-        gth = grad(g, leaves)
+        gth = objectives.mean(grad(g, leaves))
         if t == 0:
             first_grad, first_value = gth, g.detach()
         with torch.no_grad():
@@ -236,7 +239,12 @@ class Implicit:
     ) -> Estimate:
         """dF/dα at θ = ``variables.inner``; ``init`` warm-starts the linear solve; ``matvec``
         replaces the Hessian-vector product of the solve (AID's fresh-batch HVPs, stocBiO),
-        the mixed term and ∇_θ g still coming from ``batches.lower``."""
+        the mixed term and ∇_θ g still coming from ``batches.lower``.
+
+        Under data parallelism (:mod:`bilevel.distributed`) ∇f and ∇_θ g (ITD/AID's inner
+        direction) are averaged over the ranks in one collective, and each Hessian-vector
+        product of the solve and the mixed product in one more each; the graph of ∇_θ g
+        stays this rank's own."""
         alpha, theta = leaf_aliases(variables.outer), leaf_aliases(variables.inner)
         outer_tree, inner_tree = variables.outer_tree(alpha), variables.inner_tree(theta)
         g = objectives.lower(outer_tree, inner_tree, batches.lower, where)
@@ -247,12 +255,12 @@ class Implicit:
         # autograd also leaves a model's frozen parameters alone even when requires_grad=True.
         gth = grad(g, theta, create_graph=True)
         f = objectives.upper(outer_tree, inner_tree, batches.upper, where)
-        df = grad(f, alpha + theta)
-        f_alpha, f_theta = df[: len(alpha)], df[len(alpha) :]
+        df = objectives.mean(grad(f, alpha + theta) + [x.detach() for x in gth])
+        f_alpha, f_theta, g_theta = df[: len(alpha)], df[len(alpha) : -len(theta)], df[-len(theta) :]
         objectives.check()  # a NaN would otherwise surface as a confusing solver failure
 
         def hvp(v: list[torch.Tensor]) -> list[torch.Tensor]:
-            return vjp(gth, theta, v, retain_graph=True)
+            return objectives.mean(vjp(gth, theta, v, retain_graph=True))
 
         solve = as_linear_solve(self.linear_solver, "Implicit")
         v, solve_info = unpack_solution(solve(matvec or hvp, f_theta, init), solve, "Implicit")
@@ -263,7 +271,7 @@ class Implicit:
         if type(self.linear_solver) is not Neumann:
             label = f"the linear solver {solver_name(solve)} (‖x‖² of its solution)"
             objectives.record_finite(tree.sq_norm_list(v), label)
-        mixed = vjp(gth, alpha, v, retain_graph=False)  # ∇²_{αθ} g · v; frees the graph
+        mixed = objectives.mean(vjp(gth, alpha, v, retain_graph=False))  # ∇²_{αθ} g · v; frees the graph
         scalars: dict[str, torch.Tensor | float] = {"upper_loss": f.detach(), "lower_loss": g.detach()}
         scalars.update({f"solver_{k}": val for k, val in dict(solve_info).items()})
         return Estimate(
@@ -272,7 +280,7 @@ class Implicit:
             # inner_solution asks for a copy (copy_solution=True); ``hypergrad`` discards it,
             # so by default no copy of a possibly LoRA-sized θ is made.
             inner_solution=[x.detach().clone() if copy_solution else x.detach() for x in variables.inner],
-            first_inner_grad=[x.detach() for x in gth],
+            first_inner_grad=g_theta,
             scalars=scalars,
             linear_solution=[x.detach() for x in v],
         )

@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import sys
 import warnings
@@ -26,6 +27,7 @@ from torch.utils import _pytree as pytree
 
 from . import tree
 from ._autodiff import grad, leaf_aliases, reached
+from .distributed import all_mean
 from .errors import UnusedLeafWarning
 from .meta import MetaProblem
 from .problem import Problem
@@ -298,6 +300,14 @@ class CheckedObjectives:
             self._observe("lower", value, outer, inner)
         return value
 
+    def mean(self, xs: list[torch.Tensor], *, differentiable: bool = False) -> list[torch.Tensor]:
+        """``xs``, formed from this rank's batches, averaged over the data-parallel ranks
+        (:func:`bilevel.distributed.all_mean`; the identity without data parallelism). The
+        one place a step's gradients meet the other ranks. The identity for the meta
+        solvers (``through_inner``) too: their θ holds this rank's own tasks, not a copy of
+        a shared θ, so only their meta-gradient is averaged (in ``meta_result``)."""
+        return xs if self.through_inner else all_mean(xs, differentiable=differentiable)
+
     def _raise_first_nonfinite(self, flags: list[bool]) -> None:
         for i, ok in enumerate(flags):
             if not ok:
@@ -305,9 +315,11 @@ class CheckedObjectives:
                 label = self._labels[k]
                 if isinstance(label, tuple):
                     label = f"the {label[0]} objective ({label[1]})"
+                value = float(self._values[k])
+                # under data parallelism the flags are the ranks' mean: every rank raises
+                shown = f"({value})" if not math.isfinite(value) else "on another rank"
                 raise FloatingPointError(
-                    f"{self.owner}: {label} returned a non-finite value "
-                    f"({float(self._values[k])})"
+                    f"{self.owner}: {label} returned a non-finite value {shown}"
                 )
 
     def check(self) -> None:
@@ -340,7 +352,11 @@ class CheckedObjectives:
                 stacked = torch.stack([v.to(device=ref.device) for v in new])
             parts.append(torch.isfinite(stacked).to(dtype))
         parts += [v.detach().to(device=ref.device, dtype=dtype).reshape(1) for v in tensors]
-        host = torch.cat(parts).tolist()
+        # Data parallelism: one collective averages the finiteness flags (a non-finite value
+        # on any rank fails every rank's step, instead of one raising while the others wait
+        # in their next collective) and the info values (a rank's loss on its shard becomes
+        # the full-batch mean; values formed from averaged gradients are the same everywhere).
+        host = all_mean([torch.cat(parts)])[0].tolist()
         flags, values = host[: len(new)], iter(host[len(new) :])
         self._raise_first_nonfinite([f == 1.0 for f in flags])
         self._checked = len(self._values)
@@ -378,7 +394,7 @@ def inner_gradient_steps(
         where = f"inner step {first + t + 1} of {total}"
         b = batch if draw is None else draw()
         g = objectives.lower(outer, variables.inner_tree(leaves), b, where)
-        gth = grad(g, leaves)
+        gth = objectives.mean(grad(g, leaves))
         if t == 0:
             first_grad, first_value = gth, g.detach()
         with torch.no_grad():
@@ -399,7 +415,7 @@ def stationarity(
     leaves = leaf_aliases(theta)
     g = objectives.lower(outer, variables.inner_tree(leaves), objectives.last_lower_batch, where)
     return {"lower_loss_solution": g.detach(),
-            "lower_grad_norm": tree.sq_norm_list(grad(g, leaves)).sqrt()}
+            "lower_grad_norm": tree.sq_norm_list(objectives.mean(grad(g, leaves))).sqrt()}
 
 
 def check_lower_batches(owner: str, lower_batches: object) -> None:

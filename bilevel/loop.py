@@ -16,6 +16,7 @@ or, for the whole loop with progress reporting and an info history::
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from collections.abc import Callable, Iterable, Iterator
@@ -25,6 +26,7 @@ from typing import Any, Literal
 
 import torch
 
+from . import distributed as _distributed
 from . import tree
 from .problem import Problem
 from .solvers.base import Solver, StepResult
@@ -168,6 +170,7 @@ class _Progress:
 
     def __init__(self, total: int, enabled: bool, log_every: int, desc: str) -> None:
         self.bar = None
+        enabled = enabled and _distributed.rank() == 0  # data parallelism: rank 0 reports
         self.enabled, self.log_every, self.desc, self.total = enabled, log_every, desc, total
         if enabled:
             try:
@@ -199,7 +202,15 @@ CHECKPOINT_FORMAT = 1
 def _save_checkpoint(path: Path, step: int, outer: Any, inner: Any, optimizers: tuple,
                      solver: Any, history: History) -> None:
     """Everything ``fit`` needs to continue after ``step`` outer steps, written atomically (a
-    temp file, then ``os.replace``), so a kill mid-write leaves the previous checkpoint."""
+    temp file, then ``os.replace``), so a kill mid-write leaves the previous checkpoint.
+
+    Under data parallelism rank 0 alone writes (the ranks' states are identical), and every
+    rank waits until it has: a rank that left ``fit`` first and resumed from ``path`` at
+    once would otherwise read the previous checkpoint, or none, and its collectives would
+    no longer pair with rank 0's."""
+    if _distributed.rank() != 0:
+        _distributed.barrier()
+        return
     state = {
         "format": CHECKPOINT_FORMAT,
         "step": step,
@@ -213,6 +224,7 @@ def _save_checkpoint(path: Path, step: int, outer: Any, inner: Any, optimizers: 
     tmp = path.with_name(path.name + ".tmp")
     torch.save(state, tmp)
     os.replace(tmp, path)
+    _distributed.barrier()
 
 
 def _resume(path: Path, outer: Any, inner: Any, optimizers: tuple, solver: Any,
@@ -247,7 +259,9 @@ def _resume(path: Path, outer: Any, inner: Any, optimizers: tuple, solver: Any,
 
 
 def _check_fit_inputs(steps: object, solver: object, optimizers: tuple, outer: Any,
-                      inner: Any) -> None:
+                      inner: Any, distributed: object) -> None:
+    if distributed is not None and not isinstance(distributed, bool):
+        raise TypeError(f"fit: distributed must be None, True or False, got {distributed!r}")
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
         raise ValueError(f"fit: steps must be an int >= 0, got {steps!r}")
     if not hasattr(solver, "step"):
@@ -290,6 +304,7 @@ def fit(
     desc: str | None = None,
     checkpoint: str | os.PathLike | None = None,
     checkpoint_every: int = 1,
+    distributed: bool | None = None,
 ) -> History:
     """Run ``steps`` outer steps of ``solver`` and apply them with the optimizers.
 
@@ -314,35 +329,46 @@ def fit(
             reads it). If the file exists when ``fit`` starts, it resumes from it: the same
             call continues bit for bit where the interrupted one stopped. A callable
             ``batches`` is called with the global step, so it resumes exactly; an iterable
-            is advanced past the steps already done.
+            is advanced past the steps already done. Under data parallelism only rank 0
+            writes it (the others wait until it has); every rank resumes from it.
+        distributed: data parallelism over ``torch.distributed`` (docs/bilevel.md,
+            "Distributed (data-parallel) runs"): None (default) = on when a process group
+            with more than one rank is initialized (or as an enclosing
+            ``bilevel.distributed.data_parallel`` block says); True = on, a RuntimeError
+            without a process group; False = off (each rank alone). When on, each rank
+            passes its own equal-sized shard as ``upper_batch``/``lower_batch`` (or from
+            ``batches``), every gradient of the step is averaged over the ranks, and all
+            ranks take identical steps; the progress bar shows on rank 0 only.
 
     Returns:
         The :class:`History` of every step's ``info``.
     """
-    _check_fit_inputs(steps, solver, (outer_optimizer, inner_optimizer), outer, inner)
+    optimizers = (outer_optimizer, inner_optimizer)
+    _check_fit_inputs(steps, solver, optimizers, outer, inner, distributed)
     source = _batch_source(batches, upper_batch, lower_batch)
     history = History()
     path = None if checkpoint is None else Path(checkpoint)
-    optimizers = (outer_optimizer, inner_optimizer)
-    start = _resume_point(path, checkpoint_every, (outer, inner, optimizers, solver, history),
-                          source if batches is not None and not callable(batches) else None)
-    bar = _Progress(steps, progress, max(1, log_every), desc or type(solver).__name__)
-    try:
-        for k in range(start, steps):
-            try:
-                ub, lb = source(k)
-            except StopIteration:
-                break
-            result = solver.step(problem, outer, inner, upper_batch=ub, lower_batch=lb)
-            apply(result, outer, inner, outer_optimizer=outer_optimizer,
-                  inner_optimizer=inner_optimizer, inner_update=inner_update)
-            history.records.append({"step": float(k), **result.info})
-            bar.update(k, result.info)
-            stop = callback is not None and callback(k, result)
-            if path is not None and (stop or (k + 1) % checkpoint_every == 0 or k + 1 == steps):
-                _save_checkpoint(path, k + 1, outer, inner, optimizers, solver, history)
-            if stop:
-                break
-    finally:
-        bar.close()
+    with contextlib.nullcontext() if distributed is None else _distributed.data_parallel(distributed):
+        save = path is not None
+        start = _resume_point(path, checkpoint_every, (outer, inner, optimizers, solver, history),
+                              source if batches is not None and not callable(batches) else None)
+        bar = _Progress(steps, progress, max(1, log_every), desc or type(solver).__name__)
+        try:
+            for k in range(start, steps):
+                try:
+                    ub, lb = source(k)
+                except StopIteration:
+                    break
+                result = solver.step(problem, outer, inner, upper_batch=ub, lower_batch=lb)
+                apply(result, outer, inner, outer_optimizer=outer_optimizer,
+                      inner_optimizer=inner_optimizer, inner_update=inner_update)
+                history.records.append({"step": float(k), **result.info})
+                bar.update(k, result.info)
+                stop = callback is not None and callback(k, result)
+                if save and (stop or (k + 1) % checkpoint_every == 0 or k + 1 == steps):
+                    _save_checkpoint(path, k + 1, outer, inner, optimizers, solver, history)
+                if stop:
+                    break
+        finally:
+            bar.close()
     return history

@@ -18,6 +18,7 @@ from .._internals import (
     inner_gradient_steps,
     stationarity,
 )
+from ..distributed import all_mean
 from ..problem import Problem
 from .base import StepResult
 
@@ -124,6 +125,9 @@ def meta_result(
     """The StepResult every meta solver returns: ``outer_grad`` its meta-direction,
     ``inner_grad`` = ∇_θ g at θ_0 = α, ``inner_solution`` = θ_T (the adapted parameters),
     ``info`` = ``scalars`` + ``lower_loss`` (g at θ_0) and the two direction norms."""
+    # Data parallelism: each rank holds its own tasks (θ, θ_T are this rank's); the
+    # meta-gradient, a mean over this rank's tasks, is averaged over the ranks here, once.
+    outer_grad = all_mean([x.detach() for x in outer_grad])
     if "lower_grad_norm" not in scalars:  # IMAML has it from its linearization
         scalars = {**scalars, **stationarity(objectives, variables, adapted.solution,
                                              "at θ_T (stationarity)")}
@@ -134,7 +138,7 @@ def meta_result(
         "inner_grad_norm": tree.sq_norm_list(adapted.first_grad).sqrt(),
     }
     return StepResult(
-        outer_grad=variables.outer_tree([x.detach() for x in outer_grad]),
+        outer_grad=variables.outer_tree(outer_grad),
         inner_grad=variables.inner_tree(adapted.first_grad),
         info=objectives.finish(scalars),
         inner_solution=variables.inner_tree(adapted.solution),

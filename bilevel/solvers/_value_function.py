@@ -33,11 +33,11 @@ __all__ = ["PenaltyPoint", "ValueGapTerms", "penalty_point", "value_gap_terms"]
 class ValueGapTerms:
     """What the penalty family needs from the lower level (flat leaf lists)."""
 
-    value: torch.Tensor  # g(α, θ)
+    value: torch.Tensor  # g(α, θ), detached (the mean over data-parallel ranks)
     grad_alpha: list[torch.Tensor]  # ∇_α g(α, θ)
     grad_theta: list[torch.Tensor]  # ∇_θ g(α, θ)
     solution: list[torch.Tensor]  # θ^(T), detached
-    value_at_solution: torch.Tensor  # g(α, θ^(T))
+    value_at_solution: torch.Tensor  # g(α, θ^(T)), detached (likewise)
     grad_alpha_at_solution: list[torch.Tensor]  # ∇_α g(α, θ^(T))
 
     def gap_grad(self) -> list[torch.Tensor]:
@@ -63,7 +63,9 @@ def value_gap_terms(
     # Inner step 1, differentiated jointly: ∇g(α, θ) for q̂ at no extra pass.
     where = f"inner step 1 of {T}" if draw is None else "at the current (α, θ)"
     g0 = objectives.lower(point.outer_tree(), point.inner_tree(), lower_batch, where)
-    dg0 = grad(g0, alpha + theta)
+    # Data parallelism: g's values enter BOME's λ (φ = c·q̂), so they are averaged over the
+    # ranks together with their gradients, in the same collective.
+    g0, *dg0 = objectives.mean([g0.detach().reshape(1)] + grad(g0, alpha + theta))
     g_alpha0, g_theta0 = dg0[: len(alpha)], dg0[len(alpha) :]
     if draw is None:
         with torch.no_grad():
@@ -83,7 +85,8 @@ def value_gap_terms(
     g_T = objectives.lower(
         point.outer_tree(), point.inner_tree(theta_T), lower_batch, f"at θ^(T) after {T} inner steps"
     )
-    return ValueGapTerms(g0, g_alpha0, g_theta0, theta_T, g_T, grad(g_T, alpha))
+    g_T, *g_alpha_T = objectives.mean([g_T.detach().reshape(1)] + grad(g_T, alpha))
+    return ValueGapTerms(g0.reshape(()), g_alpha0, g_theta0, theta_T, g_T.reshape(()), g_alpha_T)
 
 
 @dataclass(frozen=True)
@@ -131,7 +134,7 @@ def penalty_point(
     point = variables.replace(outer=leaf_aliases(variables.outer), inner=leaf_aliases(variables.inner))
     low = value_gap_terms(objectives, point, batches.lower, steps, lr, draw)
     f = objectives.upper(point.outer_tree(), point.inner_tree(), batches.upper, "at the current (α, θ)")
-    df = grad(f, point.outer + point.inner)
+    df = objectives.mean(grad(f, point.outer + point.inner))
     with torch.no_grad():  # one forward of f, for upper_loss at the returned θ^(T)
         f_T = objectives.upper(point.outer_tree(), point.inner_tree(low.solution), batches.upper,
                                f"at θ^(T) after {steps} inner steps (reported only)")

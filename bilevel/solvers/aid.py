@@ -173,6 +173,6 @@ def fresh_batch_hvp(
         theta = leaf_aliases(variables.inner)
         where = f"Neumann term {calls[0]} on a fresh lower batch"
         g = objectives.lower(outer, variables.inner_tree(theta), draw(), where)
-        return vjp(grad(g, theta, create_graph=True), theta, p, retain_graph=False)
+        return objectives.mean(vjp(grad(g, theta, create_graph=True), theta, p, retain_graph=False))
 
     return hvp

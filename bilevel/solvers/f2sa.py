@@ -104,8 +104,9 @@ class F2SA(SolverState):
         z = leaf_aliases(start.theta)
         g_z = objectives.lower(at_y.outer_tree(), variables.inner_tree(z), lower_batch,
                                f"at z_T after {self.inner_steps} inner steps")
-        d_y = grad(f_y + lam * g_y, alpha)
-        d_z = grad(g_z, alpha + z)  # ∇_α g for the direction, ∇_θ g for the stationarity
+        # ∇_α g for the direction, ∇_θ g for the stationarity; one collective for both
+        d_yz = objectives.mean(grad(f_y + lam * g_y, alpha) + grad(g_z, alpha + z))
+        d_y, d_z = d_yz[: len(alpha)], d_yz[len(alpha) :]
         outer_grad = [a - lam * b for a, b in zip(d_y, d_z)]
         with torch.no_grad():  # one forward of f, for upper_loss at the returned z_T
             f_z = objectives.upper(at_y.outer_tree(), variables.inner_tree(start.theta),
@@ -147,5 +148,5 @@ class F2SA(SolverState):
             b = lower_batch if draw is None else draw()
             h = h + objectives.lower(outer, inner, b, where)
             with torch.no_grad():
-                y = torch._foreach_add(y, grad(h, leaves), alpha=-self.inner_lr)
+                y = torch._foreach_add(y, objectives.mean(grad(h, leaves)), alpha=-self.inner_lr)
         return [x.detach() for x in y]

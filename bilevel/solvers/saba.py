@@ -15,6 +15,7 @@ from .. import tree
 from .._autodiff import leaf_aliases
 from .._checks import check_int, check_positive
 from .._internals import CheckedObjectives, FlatVariables, flatten_variables
+from ..distributed import all_mean, world_size
 from ..problem import Problem
 from ._state import SolverState, WarmStart
 from .base import StepResult
@@ -209,6 +210,7 @@ class SABA(SolverState):
         """One SABA step on batches ``Indexed(j, ·)`` (upper) and ``Indexed(i, ·)`` (lower)."""
         j, ub = self._index(upper_batch, "upper")
         i, lb = self._index(lower_batch, "lower")
+        _check_same_indices(j, i)
         objectives = CheckedObjectives(problem, "SABA.step")
         variables, alpha, theta, trees, v = self._start("SABA.step", outer, inner)
         g, *low = lower_oracles(objectives, alpha, theta, trees, lb, v)
@@ -231,3 +233,22 @@ class SABA(SolverState):
         mem.lower.commit(i, low_new)
         mem.upper.commit(j, up_new)
         return result
+
+
+def _check_same_indices(j: int, i: int) -> None:
+    """Under data parallelism, every rank must refresh the same memory entries: entry i is
+    then the union of the ranks' shards of batch i, and the averaged oracles of the ranks
+    are that union's (docs/bilevel.md, "Distributed (data-parallel) runs"). Checked with
+    one collective: the ranks' indices agree iff their variance over the ranks is 0 (for
+    integers not all equal it is at least (W − 1)/W², far above round-off)."""
+    W = world_size()
+    if W == 1:
+        return
+    x = torch.tensor([j, i, j * j, i * i], dtype=torch.float64)
+    m = all_mean([x])[0].tolist()
+    if any(m[2 + k] - m[k] ** 2 > 0.5 / W**2 for k in range(2)):
+        raise ValueError(
+            "SABA.step: the data-parallel ranks passed different Indexed indices; every "
+            "rank must pass the same index (its own shard of batch i), e.g. from a "
+            "generator seeded the same on every rank"
+        )

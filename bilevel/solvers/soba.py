@@ -34,8 +34,11 @@ def lower_oracles(
     """
     g = objectives.lower(trees[0], trees[1], batch, "at the current (α, θ)")
     g_theta = grad(g, theta, create_graph=True)
-    hv = vjp(g_theta, alpha + theta, v, retain_graph=False)
-    return g, [x.detach() for x in g_theta], hv[: len(alpha)], hv[len(alpha) :]
+    # the two products and ∇_θ g averaged over data-parallel ranks in one collective
+    out = objectives.mean(vjp(g_theta, alpha + theta, v, retain_graph=False)
+                          + [x.detach() for x in g_theta])
+    na, nt = len(alpha), len(theta)
+    return g, out[na + nt :], out[:na], out[na : na + nt]
 
 
 def upper_oracles(
@@ -44,7 +47,7 @@ def upper_oracles(
 ) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
     """SOBA's oracles of f at (α, θ) for one batch: (f, ∇_α f, ∇_θ f); one forward-backward."""
     f = objectives.upper(trees[0], trees[1], batch, "at the current (α, θ)")
-    df = grad(f, alpha + theta)
+    df = objectives.mean(grad(f, alpha + theta))
     return f, df[: len(alpha)], df[len(alpha) :]
 
 

@@ -112,3 +112,17 @@ def test_the_custom_root_example_matches_the_closed_form(capsys):
     exec(compile(block, "docs/bilevel.md#custom-root", "exec"), {"__name__": "__doc_croot__"})
     assert "custom_root" in capsys.readouterr().out
     assert "bilevel._" not in block  # public names only
+
+
+DISTRIBUTED = "Distributed (data-parallel) runs: `torchrun`, `bilevel.distributed`"
+
+
+def test_the_distributed_example_runs_alone(capsys):
+    """Without a process group the data-parallel script is the one-process run (it runs on
+    two ranks in tests/bilevel/test_bilevel_distributed.py); its launch line is a bash block,
+    never executed as Python."""
+    namespace = {"__name__": "__doc_distributed__"}
+    exec(compile(_section_block(DISTRIBUTED), "docs/bilevel.md#distributed", "exec"), namespace)
+    assert "1 rank(s): validation loss" in capsys.readouterr().out
+    section = (ROOT / "docs" / "bilevel.md").read_text().split(f"## {DISTRIBUTED}", 1)[1]
+    assert "```bash\ntorchrun --nproc-per-node 2 examples/distributed_l2_hpo.py" in section
