@@ -299,8 +299,11 @@ class Calm(Method):
             # the solver works on its own copies; it only reads these values
             inner = {n: p.detach() for n, p in params.items()}
             outer = {n: a.detach() for n, a in self.alpha.params.items()}
-            res = self.solver.step(self.problem, outer, inner,
-                                   upper_batch=upper_batch, lower_batch=lower_batch)
+            # the ranks' gradients are averaged inside the objectives (distributed.Dist.sync),
+            # so bilevel's own data parallelism stays off: it would average equal values again
+            with bilevel.distributed.data_parallel(False):
+                res = self.solver.step(self.problem, outer, inner,
+                                       upper_batch=upper_batch, lower_batch=lower_batch)
             # the solver's directions, not a loss, are what θ and α follow
             _accumulate(params, res.inner_grad, 1.0 / accum)
             _accumulate(self.alpha.params, res.outer_grad, 1.0 / accum)
