@@ -17,7 +17,10 @@ from .._checks import check_int, check_nonnegative, check_positive
 from ..errors import ConvergenceWarning, DivergenceError
 
 ListMatvec = Callable[[list[torch.Tensor]], list[torch.Tensor]]
+"""x ↦ A x over flat lists of tensors (the leaves of x, in order): what a solver calls."""
 Info = dict[str, "float | torch.Tensor"]
+"""A solver's diagnostics (``iterations``, ``residual``, ...; the keys are in the table of
+:mod:`bilevel.linalg`)."""
 
 
 class LinearSolve(Protocol):
