@@ -11,6 +11,7 @@ docstrings are read with griffe, the loader mkdocstrings itself uses.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import pkgutil
 import re
@@ -46,6 +47,12 @@ def _public_modules(package: ModuleType) -> list[str]:
     """The submodules of ``package`` whose names have no leading underscore."""
     return [f"{package.__name__}.{m.name}" for m in pkgutil.iter_modules(package.__path__)
             if not m.name.startswith("_")]
+
+
+@functools.cache
+def _loaded() -> dict[str, griffe.Module]:
+    """Both packages as griffe reads them (statically, as mkdocstrings does)."""
+    return {p: griffe.load(p, search_paths=[str(ROOT)]) for p in ("bilevel", "calibration")}
 
 
 def _griffe(path: str, loaded: dict[str, griffe.Module]) -> griffe.Module:
@@ -85,7 +92,7 @@ def test_mkdocstrings_renders_public_members_only():
 
 def test_reference_covers_every_public_name():
     directives = _directives()
-    loaded = {p: griffe.load(p, search_paths=[str(ROOT)]) for p in ("bilevel", "calibration")}
+    loaded = _loaded()
     wanted = [f"bilevel.{n}" for n in bilevel.__all__]
     # every public submodule: bilevel's submodules in its __all__ (the rest of bilevel is
     # re-exported at the top), all of calibration's (binning and smooth_ece are public modules
@@ -106,7 +113,7 @@ def test_reference_covers_every_public_name():
 
 def test_reference_directives_name_real_objects():
     # a directive of a removed or misspelt name would otherwise fail only the strict build
-    loaded = {p: griffe.load(p, search_paths=[str(ROOT)]) for p in ("bilevel", "calibration")}
+    loaded = _loaded()
     missing = []
     for name in _directives():
         try:
@@ -114,3 +121,25 @@ def test_reference_directives_name_real_objects():
         except KeyError:
             missing.append(name)
     assert not missing, f"directives of names that do not exist: {missing}"
+
+
+def test_sphinx_roles_become_links():
+    # docs/griffe_roles.py: what the site shows for :class:`X` in a docstring
+    extensions = griffe.load_extensions(str(ROOT / "docs" / "griffe_roles.py") + ":SphinxRoles")
+    pkg = griffe.load("bilevel", search_paths=[str(ROOT)], extensions=extensions)
+    text = pkg["hypergrad"].docstring.value
+    assert ":class:" not in text
+    assert ('<autoref identifier="bilevel._hypergrad.HypergradMethod" optional>'
+            "<code>HypergradMethod</code></autoref>") in text
+    assert ('<autoref identifier="bilevel.errors.UnusedLeafWarning" optional>'
+            "<code>bilevel.UnusedLeafWarning</code></autoref>") in text
+    role = re.compile(r":(class|func|meth|mod|attr|data|exc|obj):`")
+    left = [o.path for o in _walk_all(pkg) if o.docstring and role.search(o.docstring.value)]
+    assert not left, left
+
+
+def _walk_all(obj):
+    yield obj
+    for member in obj.members.values():
+        if not member.is_alias:
+            yield from _walk_all(member)

@@ -1,0 +1,69 @@
+"""Griffe extension of the rendered API reference (mkdocs.yml, ``extensions:``).
+
+The docstrings of ``bilevel`` and ``calibration`` write cross-references as Sphinx roles
+(``:class:`CG```, ``:func:`bilevel.fit```, ``:meth:`reset```), which Markdown would show as
+the literal text ``:class:`` before the code. This rewrites each role, once the package is
+loaded, into an optional mkdocs-autorefs link to the object it names: resolved in the
+docstring's scope (the object, then its parents, then the names imported there), linked where
+the reference renders that object and plain code where it does not (an optional reference
+never warns, so the strict build stays strict about everything else).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from functools import partial
+from typing import Any
+
+import griffe
+
+_ROLE = re.compile(r":(?:py:)?(?:class|func|meth|mod|attr|data|exc|obj):`(~?)([^`]+)`")
+
+
+def _walk(obj: griffe.Object) -> Iterator[griffe.Object]:
+    """``obj`` and every object defined inside it (not the names it imports)."""
+    yield obj
+    for member in obj.members.values():
+        if isinstance(member, griffe.Object):
+            yield from _walk(member)
+
+
+def _target(name: str, scope: griffe.Object, collection: griffe.ModulesCollection) -> str | None:
+    """The canonical path of what ``name`` means in ``scope``'s docstring, or None."""
+    candidates = [name]
+    try:
+        candidates.append(scope.resolve(name.partition(".")[0]) + name[len(name.partition(".")[0]):])
+    except (griffe.NameResolutionError, ValueError):
+        pass
+    at: griffe.Object | None = scope
+    while at is not None:
+        candidates.append(f"{at.path}.{name}")
+        at = at.parent
+    for path in candidates:
+        try:
+            return collection.get_member(path).canonical_path
+        except (KeyError, ValueError, griffe.AliasResolutionError, griffe.CyclicAliasError):
+            continue
+    return None
+
+
+def _link(match: re.Match[str], scope: griffe.Object, collection: griffe.ModulesCollection) -> str:
+    short, written = match[1], match[2]
+    name = written.removesuffix("()")
+    title = written.rpartition(".")[2] if short else written
+    target = _target(name, scope, collection)
+    if target is None:
+        return f"`{title}`"
+    return f'<autoref identifier="{target}" optional><code>{title}</code></autoref>'
+
+
+class SphinxRoles(griffe.Extension):
+    """``:role:`name``` → a link to ``name``'s entry in the reference (or code)."""
+
+    def on_package(self, *, pkg: griffe.Module, loader: griffe.GriffeLoader, **kwargs: Any) -> None:
+        collection = loader.modules_collection
+        for obj in _walk(pkg):
+            if obj.docstring is not None and ":" in obj.docstring.value:
+                link = partial(_link, scope=obj, collection=collection)
+                obj.docstring.value = _ROLE.sub(link, obj.docstring.value)
