@@ -7,6 +7,10 @@ loaded, into an optional mkdocs-autorefs link to the object it names: resolved i
 docstring's scope (the object, then its parents, then the names imported there), linked where
 the reference renders that object and plain code where it does not (an optional reference
 never warns, so the strict build stays strict about everything else).
+
+Two more reStructuredText habits of those docstrings are translated the same way: a simple
+table (columns between ``=====  =====`` rules) is shown as the preformatted block it is, and
+a paragraph ending in ``::`` before an indented block ends in ``:``, as reST prints it.
 """
 
 from __future__ import annotations
@@ -19,6 +23,28 @@ from typing import Any
 import griffe
 
 _ROLE = re.compile(r":(?:py:)?(?:class|func|meth|mod|attr|data|exc|obj):`(~?)([^`]+)`")
+_RULE = re.compile(r"^[ \t]*=+(?:[ \t]+=+)+[ \t]*$")
+_LITERAL = re.compile(r"::\n([ \t]*\n)")
+
+
+def _tables(text: str) -> str:
+    """Each reST simple table (two or three ``===  ===`` rules) inside a fenced code block."""
+    lines, out, i = text.split("\n"), [], 0
+    while i < len(lines):
+        if not _RULE.match(lines[i]):
+            out.append(lines[i])
+            i += 1
+            continue
+        rules = [j for j in range(i, len(lines)) if _RULE.match(lines[j])][:3]
+        if len(rules) < 2:
+            out.append(lines[i])
+            i += 1
+            continue
+        # a header rule pair followed by a closing one, or a headerless table's two rules
+        end = rules[2] if len(rules) == 3 and rules[1] - rules[0] <= 3 else rules[1]
+        out += ["", "```text", *lines[i : end + 1], "```", ""]
+        i = end + 1
+    return "\n".join(out)
 
 
 def _walk(obj: griffe.Object) -> Iterator[griffe.Object]:
@@ -67,3 +93,7 @@ class SphinxRoles(griffe.Extension):
             if obj.docstring is not None and ":" in obj.docstring.value:
                 link = partial(_link, scope=obj, collection=collection)
                 obj.docstring.value = _ROLE.sub(link, obj.docstring.value)
+            if obj.docstring is not None and "==" in obj.docstring.value:
+                obj.docstring.value = _tables(obj.docstring.value)
+            if obj.docstring is not None and "::" in obj.docstring.value:
+                obj.docstring.value = _LITERAL.sub(r":\n\1", obj.docstring.value)

@@ -123,8 +123,8 @@ def test_reference_directives_name_real_objects():
     assert not missing, f"directives of names that do not exist: {missing}"
 
 
-def test_sphinx_roles_become_links():
-    # docs/griffe_roles.py: what the site shows for :class:`X` in a docstring
+def test_rst_in_docstrings_is_translated():
+    # docs/griffe_roles.py: what the site shows for :class:`X`, tables and literal blocks
     extensions = griffe.load_extensions(str(ROOT / "docs" / "griffe_roles.py") + ":SphinxRoles")
     pkg = griffe.load("bilevel", search_paths=[str(ROOT)], extensions=extensions)
     text = pkg["hypergrad"].docstring.value
@@ -136,6 +136,11 @@ def test_sphinx_roles_become_links():
     role = re.compile(r":(class|func|meth|mod|attr|data|exc|obj):`")
     left = [o.path for o in _walk_all(pkg) if o.docstring and role.search(o.docstring.value)]
     assert not left, left
+    # the reST table of bilevel.linalg is preformatted; "Public API::" reads "Public API:"
+    table = pkg["linalg"].docstring.value
+    start = table.index("```text\n==========  ===")
+    assert "\nNormalCG    CG on" in table[start : table.index("\n```\n", start)]
+    assert "Public API:\n\n    problem = bilevel.Problem(" in pkg.docstring.value
 
 
 def _walk_all(obj):
