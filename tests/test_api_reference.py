@@ -124,8 +124,8 @@ def test_reference_directives_name_real_objects():
 
 
 def test_rst_in_docstrings_is_translated():
-    # docs/griffe_roles.py: what the site shows for :class:`X`, tables and literal blocks
-    extensions = griffe.load_extensions(str(ROOT / "docs" / "griffe_roles.py") + ":SphinxRoles")
+    # docs/griffe_rst.py: what the site shows for :class:`X`, tables and literal blocks
+    extensions = griffe.load_extensions(str(ROOT / "docs" / "griffe_rst.py") + ":RestToMarkdown")
     pkg = griffe.load("bilevel", search_paths=[str(ROOT)], extensions=extensions)
     text = pkg["hypergrad"].docstring.value
     assert ":class:" not in text

@@ -84,8 +84,8 @@ def _link(match: re.Match[str], scope: griffe.Object, collection: griffe.Modules
     return f'<autoref identifier="{target}" optional><code>{title}</code></autoref>'
 
 
-class SphinxRoles(griffe.Extension):
-    """``:role:`name``` → a link to ``name``'s entry in the reference (or code)."""
+class RestToMarkdown(griffe.Extension):
+    """The docstrings' reST roles, simple tables and ``::`` as Markdown (module docstring)."""
 
     def on_package(self, *, pkg: griffe.Module, loader: griffe.GriffeLoader, **kwargs: Any) -> None:
         collection = loader.modules_collection
