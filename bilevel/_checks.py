@@ -22,7 +22,7 @@ def check_positive(owner: str, name: str, value: object) -> None:
     """``value`` must be a finite real number > 0."""
     if isinstance(value, bool) or not isinstance(value, Real):
         raise TypeError(f"{owner}: {name} must be a number, got {value!r}")
-    if not (math.isfinite(value) and value > 0):
+    if not (math.isfinite(value) and float(value) > 0):
         raise ValueError(f"{owner}: {name} must be a finite number > 0, got {value}")
 
 
@@ -30,5 +30,5 @@ def check_nonnegative(owner: str, name: str, value: object) -> None:
     """``value`` must be a finite real number >= 0."""
     if isinstance(value, bool) or not isinstance(value, Real):
         raise TypeError(f"{owner}: {name} must be a number, got {value!r}")
-    if not (math.isfinite(value) and value >= 0):
+    if not (math.isfinite(value) and float(value) >= 0):
         raise ValueError(f"{owner}: {name} must be a finite number >= 0, got {value}")

@@ -66,7 +66,9 @@ class FiniteDifference:
         )
         g_theta = objectives.mean(grad(g0, theta0))
         with torch.no_grad():
-            theta1 = torch._foreach_add([t.detach() for t in theta0], g_theta, alpha=-self.inner_lr)
+            theta1 = list(
+                torch._foreach_add([t.detach() for t in theta0], g_theta, alpha=-self.inner_lr)
+            )
         theta1 = leaf_aliases(theta1)
         f = objectives.upper(outer_tree, variables.inner_tree(theta1), batches.upper,
                              "after 1 inner step")

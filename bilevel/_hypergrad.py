@@ -73,7 +73,7 @@ def check_truncate(owner: str, truncate: object, inner_steps: int) -> None:
     if truncate is None:
         return
     check_int(owner, "truncate", truncate, minimum=1)
-    if truncate > inner_steps:  # type: ignore[operator]
+    if truncate > inner_steps:  # type: ignore[operator]  # an int: check_int passed
         raise ValueError(
             f"{owner}: truncate={truncate} exceeds inner_steps={inner_steps}; use "
             "truncate=None to differentiate through every step"
@@ -306,7 +306,8 @@ def hypergrad(
         outer: pytree of floating tensors α (any shapes).
         inner: pytree of floating tensors θ: the starting point for ``Unrolled``, the
             (approximate) lower-level solution for ``Implicit``.
-        upper_batch, lower_batch: passed unchanged to f and g.
+        upper_batch: passed unchanged to f.
+        lower_batch: passed unchanged to g.
         method: ``Unrolled(...)``, ``Implicit(...)``, ``FiniteDifference(...)`` or any
             :class:`HypergradMethod`.
         return_info: also return the diagnostics (docs/bilevel.md lists the keys).

@@ -20,6 +20,7 @@ import warnings
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from types import FrameType
 from typing import Any
 
 import torch
@@ -82,14 +83,14 @@ class FlatVariables:
         """``leaves`` (default: ``self.inner``) shaped as the inner pytree."""
         return self._build_inner(self.inner if leaves is None else leaves)
 
-    def replace(self, **changes: list[torch.Tensor]) -> FlatVariables:
+    def replace(self, **changes: Any) -> FlatVariables:
         """The same structures with other leaves (``outer=...`` and/or ``inner=...``)."""
         return dataclasses.replace(self, **changes)
 
 
 def flatten_variables(owner: str, outer: Any, inner: Any) -> FlatVariables:
     """Flatten and validate the outer and inner trees (tensor, floating point, non-empty)."""
-    out = []
+    out: list[Any] = []
     for name, t in (("outer", outer), ("inner", inner)):
         leaves, spec = tree.flatten(t, name=name)
         if not leaves:
@@ -126,7 +127,8 @@ def user_stacklevel() -> int:
     that points at the first frame outside ``bilevel/`` (the user's ``step``, ``fit`` or
     ``hypergrad`` call) instead of at library internals."""
     package = os.path.dirname(os.path.abspath(__file__))
-    frame, level = sys._getframe(1), 1
+    frame: FrameType | None = sys._getframe(1)
+    level = 1
     while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(package):
         frame, level = frame.f_back, level + 1
     return level
@@ -249,7 +251,8 @@ class CheckedObjectives:
     def _observe(self, which: str, value: torch.Tensor, outer: Any, inner: Any) -> None:
         if self._usage is True:
             self._usage = LeafUsage(outer, inner)
-        self._usage.observe(which, value, outer, inner)  # type: ignore[union-attr]
+        if isinstance(self._usage, LeafUsage):  # always, as callers skip it when _usage is False
+            self._usage.observe(which, value, outer, inner)
 
     def _report_leaves(self) -> None:
         if isinstance(self._usage, LeafUsage):
@@ -398,7 +401,7 @@ def inner_gradient_steps(
         if t == 0:
             first_grad, first_value = gth, g.detach()
         with torch.no_grad():
-            theta = torch._foreach_add(theta, gth, alpha=-lr)
+            theta = list(torch._foreach_add(theta, gth, alpha=-lr))
     return [x.detach() for x in theta], first_grad, first_value
 
 

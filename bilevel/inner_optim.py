@@ -143,6 +143,7 @@ def _sqrt0(x: torch.Tensor) -> torch.Tensor:
 
 
 InnerOptimizer = SGD | Adam
+"""The inner optimizers ``ITD`` and ``Unrolled`` can differentiate through."""
 
 
 def detach_state(state: State) -> State:

@@ -309,14 +309,17 @@ def fit(
     """Run ``steps`` outer steps of ``solver`` and apply them with the optimizers.
 
     Args:
-        problem, solver: what to solve and how (``BOME``, ``ITD``, ``AID``, ``FD``,
-            ``VPBGD``, ``F2SA``, ``SOBA``, ``SABA`` (batches as ``Indexed``), or any object
-            with the same ``step``).
-        outer, inner: pytrees of the leaf tensors the optimizers hold; updated in place.
+        problem: what to solve.
+        solver: how (``BOME``, ``ITD``, ``AID``, ``FD``, ``VPBGD``, ``F2SA``, ``SOBA``,
+            ``SABA`` (batches as ``Indexed``), or any object with the same ``step``).
+        outer: pytree of the leaf tensors the outer optimizer holds; updated in place.
+        inner: pytree of the leaf tensors the inner optimizer holds; updated in place.
         steps: number of outer steps (stops earlier if ``batches`` runs out).
-        outer_optimizer, inner_optimizer: any ``torch.optim`` optimizers (see :func:`apply`);
-            each must hold (some of) the tensors of its pytree, else ValueError.
-        upper_batch, lower_batch: fixed batches, used when ``batches`` is None.
+        outer_optimizer: any ``torch.optim`` optimizer (see :func:`apply`) holding (some of)
+            the tensors of ``outer``, else ValueError.
+        inner_optimizer: the same for ``inner``.
+        upper_batch: the fixed batch of f, used when ``batches`` is None.
+        lower_batch: the fixed batch of g, used when ``batches`` is None.
         batches: a callable ``step -> (upper_batch, lower_batch)`` or an iterable of pairs.
         inner_update: ``"optimizer"`` or ``"solution"`` (see :func:`apply`).
         callback: called as ``callback(step, result)`` after each update; returning True
@@ -349,7 +352,6 @@ def fit(
     history = History()
     path = None if checkpoint is None else Path(checkpoint)
     with contextlib.nullcontext() if distributed is None else _distributed.data_parallel(distributed):
-        save = path is not None
         start = _resume_point(path, checkpoint_every, (outer, inner, optimizers, solver, history),
                               source if batches is not None and not callable(batches) else None)
         bar = _Progress(steps, progress, max(1, log_every), desc or type(solver).__name__)
@@ -365,7 +367,8 @@ def fit(
                 history.records.append({"step": float(k), **result.info})
                 bar.update(k, result.info)
                 stop = callback is not None and callback(k, result)
-                if save and (stop or (k + 1) % checkpoint_every == 0 or k + 1 == steps):
+                if path is not None and (stop or (k + 1) % checkpoint_every == 0
+                                         or k + 1 == steps):
                     _save_checkpoint(path, k + 1, outer, inner, optimizers, solver, history)
                 if stop:
                     break

@@ -18,6 +18,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 PyTree = Any
+"""Any pytree of tensors torch.utils._pytree flattens (tensor, tuple, list, dict, ...)."""
 TreeSpec = pytree.TreeSpec
 _HALF = (torch.float16, torch.bfloat16)
 

@@ -26,6 +26,7 @@ from calibration.registry import Names, Registry
 __all__ = ["NAMES", "POSITIVITIES", "Names", "Option", "SPECS", "Spec", "add", "name_of", "resolve"]
 
 POSITIVITIES: tuple[str, ...] = ("log", "softplus", "bounded")
+"""The maps of an unconstrained parameter to a temperature τ > 0 (option ``positivity``)."""
 
 
 @dataclass(frozen=True)
@@ -107,9 +108,11 @@ FORM = Option(
     describe={"scale_shift": "z/τ + l", "shift_scale": "(z + l)/τ"},
 )
 TEMPERATURE_OPTIONS: Mapping[str, Option] = {"positivity": POSITIVITY, "tau_max": TAU_MAX}
+"""The options of every parameterization with a temperature: ``positivity``, ``tau_max``."""
 
 # The default of a CLI that learns α first: the CLI lists the names in this order.
 SPECS: Registry[Spec] = Registry("alpha parameterization", check=_check_spec)
+"""The registered α parameterizations, one `Spec` each (``add`` registers one more)."""
 _ALPHA = "calibration.alpha:"
 for _spec in (
     Spec("affine", {"form": FORM, **TEMPERATURE_OPTIONS}, factory=_ALPHA + "Affine"),
@@ -122,6 +125,7 @@ for _spec in (
 del _spec
 
 NAMES = SPECS.names()
+"""The names in ``SPECS`` (a live view: a parameterization added later is in it)."""
 
 
 def learned_names() -> Names:

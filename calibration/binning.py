@@ -18,6 +18,8 @@ from typing import Literal
 import torch
 
 Binning = Literal["width", "mass"]
+"""The bin edges: ``"width"`` n equal-width bins of [0, 1], ``"mass"`` quantile edges (about
+N/n samples per bin)."""
 
 
 def width_edges(n_bins: int, device: torch.device | None = None) -> torch.Tensor:

@@ -349,6 +349,8 @@ class CalibrationLoss:
 
 
 CALIBRATION_LOSSES: Registry[CalibrationLoss] = Registry("calibration loss")
+"""The upper-level calibration losses by name (``entropy``, ``nll``, ``soft_ece``; a plugin
+may register more): the table ``calibration_loss`` reads."""
 CALIBRATION_LOSSES.register(CalibrationLoss(
     "entropy", neg_entropy, "−mean entropy (label-free; optimum at the uniform distribution)"))
 CALIBRATION_LOSSES.register(CalibrationLoss(

@@ -82,7 +82,9 @@ def reliability_diagram(
     return out
 
 
-def _curve(a: Any, b: Any, n_bins: int, mode: str) -> tuple[metrics.ReliabilityData, float]:
+def _curve(
+    a: Any, b: Any, n_bins: int, mode: Literal["top", "classwise", "binary"]
+) -> tuple[metrics.ReliabilityData, float]:
     """(per-bin data, the ECE its legend shows) of one curve."""
     if mode == "binary":
         from calibration import semantic

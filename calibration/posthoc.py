@@ -89,7 +89,7 @@ def _refuse_probabilities(z: torch.Tensor, who: str) -> None:
         )
 
 
-def _golden_section(f, lo: float, hi: float, tol: float) -> float:
+def _golden_section(f: Callable[[float], float], lo: float, hi: float, tol: float) -> float:
     """Minimizer of a unimodal f on [lo, hi] to within tol (golden-section search)."""
     a, b = lo, hi
     c, d = b - _GOLDEN * (b - a), a + _GOLDEN * (b - a)

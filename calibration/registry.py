@@ -148,12 +148,12 @@ class Registry(Mapping[str, Info], Generic[Info]):
         self.register(info, replace=replace)
         try:
             yield info
-        finally:
+        finally:  # ignored attr-defined: Info is unbounded; register() checked info.name
             self.unregister(info.name)  # type: ignore[attr-defined]
             if before is not None:
                 self._entries[info.name] = before  # type: ignore[attr-defined]
 
-    def get(self, name: str, default: Any = ...) -> Info:  # type: ignore[override]
+    def get(self, name: str, default: Any = ...) -> Info:
         """The entry registered as ``name``; an unknown name is an `UnknownName` listing the
         registered ones (or ``default`` when one is given)."""
         if name in self._entries:

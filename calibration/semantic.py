@@ -380,10 +380,10 @@ def split_half_confidence(
         if not isinstance(n_splits, int) or n_splits < 1:
             raise ValueError(f"n_splits must be a positive integer, got {n_splits!r}")
         rng = np.random.default_rng(seed)
-        permutations = [rng.permutation(n) for _ in range(n_splits)]
+        permutations = [rng.permutation(n).tolist() for _ in range(n_splits)]
     scores = []
-    for perm in permutations:
-        perm = np.asarray(perm)
+    for split in permutations:
+        perm = np.asarray(split)
         if sorted(perm.tolist()) != list(range(n)):
             raise ValueError(f"a split must be a permutation of range({n}), got {perm.tolist()}")
         half_a, half_b = ids_arr[np.sort(perm[: n // 2])], ids_arr[perm[n // 2 :]]

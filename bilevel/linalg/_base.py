@@ -7,7 +7,7 @@ import inspect
 import math
 import warnings
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any, Protocol
 
 import torch
@@ -17,7 +17,10 @@ from .._checks import check_int, check_nonnegative, check_positive
 from ..errors import ConvergenceWarning, DivergenceError
 
 ListMatvec = Callable[[list[torch.Tensor]], list[torch.Tensor]]
+"""x ↦ A x over flat lists of tensors (the leaves of x, in order): what a solver calls."""
 Info = dict[str, "float | torch.Tensor"]
+"""A solver's diagnostics (``iterations``, ``residual``, ...; the keys are in the table of
+:mod:`bilevel.linalg`)."""
 
 
 class LinearSolve(Protocol):
@@ -48,7 +51,7 @@ def _with_ridge(matvec: ListMatvec, ridge: float) -> ListMatvec:
     """x ↦ (A + ridge·I) x; ``matvec`` itself when ridge = 0 (no extra operation)."""
     if ridge == 0.0:
         return matvec
-    return lambda xs: torch._foreach_add(matvec(xs), xs, alpha=ridge)
+    return lambda xs: list(torch._foreach_add(matvec(xs), xs, alpha=ridge))
 
 
 def _check_init(
@@ -68,7 +71,7 @@ def _residual(
     matvec: ListMatvec, b: list[torch.Tensor], x: list[torch.Tensor]
 ) -> list[torch.Tensor]:
     """b − A x (a new list)."""
-    return torch._foreach_sub(b, matvec(x))
+    return list(torch._foreach_sub(b, matvec(x)))
 
 
 def _finite(value: float, solver: str, what: str, iteration: int) -> float:
@@ -144,7 +147,7 @@ class IterativeSolver(LinearSolver):
             if hasattr(self, option):
                 check_int(name, option, getattr(self, option), minimum=minimum)
         if hasattr(self, "lr"):
-            check_positive(name, "lr", self.lr)  # type: ignore[attr-defined]
+            check_positive(name, "lr", self.lr)
         for option in ("tol", "atol", "ridge"):
             if hasattr(self, option):
                 check_nonnegative(name, option, getattr(self, option))
@@ -216,7 +219,7 @@ def as_linear_solve(solver: object, owner: str) -> LinearSolve:
         raise TypeError(f"{expected}; {solver!r} does not accept these arguments ({e})") from None
     except ValueError:  # no signature available (some builtins): trust the caller
         pass
-    return solver  # type: ignore[return-value]
+    return solver
 
 
 def returns_x_only(fn: Callable[..., Any]) -> LinearSolve:
@@ -280,8 +283,11 @@ def unpack_solution(result: object, solver: object, owner: str) -> tuple[Any, di
 
 
 def _factory(cls: type[LinearSolver], name: str, options: dict[str, Any]) -> LinearSolve:
+    if not is_dataclass(cls):  # every concrete LinearSolver is one; narrows cls for fields()
+        raise TypeError(f"{name}: {cls.__name__} is not a dataclass")
     # the class's own options first, then the keyword-only convergence contract
-    known = [f.name for f in sorted(fields(cls), key=lambda f: f.kw_only)]  # type: ignore[arg-type]
+    # (a processed field's kw_only is a bool; typeshed also allows the MISSING sentinel)
+    known = [f.name for f in sorted(fields(cls), key=lambda f: f.kw_only is True)]
     unknown = sorted(set(options) - set(known))
     if unknown:
         raise ValueError(

@@ -33,6 +33,7 @@ def _start(
 ) -> tuple[ListMatvec, list[torch.Tensor], list[torch.Tensor], float, float]:
     """``(A + ridge·I, x₀, r₀ = b − A x₀, ‖b‖, ‖r₀‖²)``; x₀ = 0 (no matvec) without ``init``."""
     owner = type(solver).__name__
+    # ignored attr-defined: ridge is a field of each Krylov dataclass, not of IterativeSolver
     matvec = _with_ridge(matvec, solver.ridge)  # type: ignore[attr-defined]
     bb = _finite(float(tree.sq_norm_list(b)), owner, "‖b‖²", 0)
     if init is None:
@@ -200,12 +201,12 @@ class MINRES(IterativeSolver):
         eps, it, reason = torch.finfo(x[0].dtype).eps, 0, None
         while it < self.maxiter and phibar > threshold and beta > 0.0:
             it += 1
-            v = torch._foreach_div(y, beta)  # the Lanczos vector v_k
+            v = list(torch._foreach_div(y, beta))  # the Lanczos vector v_k
             y = matvec(v)
             if it >= 2:
-                y = torch._foreach_sub(y, r1, alpha=beta / oldb)
+                y = list(torch._foreach_sub(y, r1, alpha=beta / oldb))
             alfa = _finite(float(tree.dot_list(v, y)), "MINRES", "vᵀAv", it)
-            y = torch._foreach_sub(y, r2, alpha=alfa / beta)
+            y = list(torch._foreach_sub(y, r2, alpha=alfa / beta))
             r1, r2 = r2, y
             oldb, beta = beta, math.sqrt(_finite(float(tree.sq_norm_list(y)), "MINRES", "β²", it))
             # apply the previous Givens rotation, then the new one that zeroes β
@@ -216,7 +217,7 @@ class MINRES(IterativeSolver):
             phi, phibar = cs * phibar, sn * phibar
             w1, w2 = w2, w
             # w ← (v − ε w₁ − δ w₂) / γ
-            w = torch._foreach_sub(torch._foreach_sub(v, w1, alpha=oldeps), w2, alpha=delta)
+            w = list(torch._foreach_sub(torch._foreach_sub(v, w1, alpha=oldeps), w2, alpha=delta))
             torch._foreach_div_(w, gamma)
             torch._foreach_add_(x, w, alpha=phi)
             # φ_k never increases in exact arithmetic; checked so that a broken matvec (not

@@ -77,6 +77,7 @@ class SolverState:
     and ``clear``). A solver without such fields has the empty state ``{}``."""
 
     def _holders(self) -> dict:
+        # ignored arg-type: the mixin itself is no dataclass; every class that uses it is one
         return {f.name.lstrip("_"): getattr(self, f.name) for f in dataclasses.fields(self)  # type: ignore[arg-type]
                 if not f.init and hasattr(getattr(self, f.name), "state_dict")}
 
@@ -112,7 +113,7 @@ def check_schedule(owner: str, name: str, start: object, growth: object, maximum
     check_nonnegative(owner, f"{name}_growth", growth)
     if isinstance(maximum, bool) or not isinstance(maximum, Real) or math.isnan(maximum):
         raise TypeError(f"{owner}: {name}_max must be a number (inf for no cap), got {maximum!r}")
-    if maximum < start:  # type: ignore[operator]
+    if maximum < start:
         raise ValueError(
             f"{owner}: {name}_max={maximum} is below {name}={start}; raise {name}_max or lower "
             f"{name} (the schedule is min({name} + {name}_growth · k, {name}_max))"

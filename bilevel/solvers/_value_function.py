@@ -69,7 +69,7 @@ def value_gap_terms(
     g_alpha0, g_theta0 = dg0[: len(alpha)], dg0[len(alpha) :]
     if draw is None:
         with torch.no_grad():
-            theta_hat = torch._foreach_add([x.detach() for x in theta], g_theta0, alpha=-lr)
+            theta_hat = list(torch._foreach_add([x.detach() for x in theta], g_theta0, alpha=-lr))
         theta_T, _, _ = inner_gradient_steps(
             objectives, point.replace(inner=theta_hat), lower_batch,
             steps=T - 1, lr=lr, first=1, total=T,

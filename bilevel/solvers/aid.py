@@ -143,7 +143,7 @@ class AID(SolverState):
         scalars["lower_loss_solution"] = scalars["lower_loss"]
         # ∇_θ g at θ^(T) is the linearization Implicit built anyway: the residual is free
         scalars["lower_grad_norm"] = tree.sq_norm_list(est.first_inner_grad).sqrt()
-        if first_grad is not None:
+        if first_grad is not None and first_value is not None:  # set together
             scalars["lower_loss"] = first_value
         else:
             first_grad = est.first_inner_grad

@@ -93,6 +93,7 @@ class F2SA(SolverState):
             lr=self.inner_lr, draw=draw,
         )
         objectives, variables = start.objectives, start.variables
+        assert start.first_grad is not None and start.first_value is not None  # inner_steps >= 1
         lam = linear_schedule(self.lam, self.lam_growth, self.lam_max, self._k.k)
         y0 = self._y.init_for(variables.inner) if self.warm_start else None
         y0 = [x.detach() for x in variables.inner] if y0 is None else y0
@@ -148,5 +149,5 @@ class F2SA(SolverState):
             b = lower_batch if draw is None else draw()
             h = h + objectives.lower(outer, inner, b, where)
             with torch.no_grad():
-                y = torch._foreach_add(y, objectives.mean(grad(h, leaves)), alpha=-self.inner_lr)
+                y = list(torch._foreach_add(y, objectives.mean(grad(h, leaves)), alpha=-self.inner_lr))
         return [x.detach() for x in y]

@@ -81,7 +81,7 @@ class FD(SolverState):
         first_grad = start.first_grad
         if first_grad is None:
             first_grad = est.first_inner_grad
-        else:
+        elif start.first_value is not None:  # set together with first_grad
             scalars["lower_loss"] = start.first_value
         scalars["outer_grad_norm"] = tree.sq_norm_list(est.outer_grad).sqrt()
         scalars["inner_grad_norm"] = tree.sq_norm_list(first_grad).sqrt()

@@ -47,7 +47,9 @@ class VPBGD(SolverState):
         inner_steps: T ≥ 1 steps for θ^(T) (started at θ: θ tracks the lower level, so it
             is a warm start).
         inner_lr: β, their step size.
-        gamma, gamma_growth, gamma_max: the penalty schedule (γ₀ > 0, growth ≥ 0, cap).
+        gamma: γ₀ > 0, the penalty of the first step (schedule γ_k above).
+        gamma_growth: ≥ 0, the penalty's increase per step.
+        gamma_max: the penalty's cap (≥ γ₀; may be inf).
         lower_batches: fresh batches for the inner steps (below).
 
     ``lower_batches``: fresh batches for the T steps to θ^(T), with q̂ and its gradient on
