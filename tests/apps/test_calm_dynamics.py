@@ -158,6 +158,19 @@ def test_alpha_acts_options_is_an_option_level_transform():
         assert torch.equal(m.option_transform(ol), ol)
 
 
+@pytest.mark.parametrize("param", ["temperature", "affine"])
+def test_alpha_on_options_trains_with_an_absent_option_slot(param):
+    """The calibration batch holds questions with fewer options than the slots (an absent
+    slot's score is -inf): α's direction must be finite and nonzero, and a step must move α.
+    (An α applied to the -inf score gave a NaN gradient and a 'diverged' run at step 1.)"""
+    ctx = make_ctx("--alpha-acts", "options", "--alpha-param", param)
+    m = methods.get("calm")(ctx)
+    before = {n: a.detach().clone() for n, a in m.alpha.params.items()}
+    m.step(0)
+    moved = [not torch.equal(before[n], a.detach()) for n, a in m.alpha.params.items()]
+    assert all(torch.isfinite(a).all() for a in m.alpha.params.values()) and any(moved)
+
+
 def test_config_refuses_inconsistent_choices():
     with pytest.raises(C.ConfigError, match="--alpha-acts options"):
         C.parse_args(["--alpha-acts", "options", "--upper-objective", "answer_tokens"])

@@ -86,7 +86,9 @@ class CalmObjectives:
         else:
             ol = self.ctx.option_logits(z, batch)
             if not self.vocab_alpha_upper:
-                ol = self.alpha.apply(outer_s, ol)
+                # finite before α: an absent option slot's -inf scaled by 1/τ has a gradient
+                # -inf/τ² in τ, which the mask after it turns into NaN (0·inf), not into 0
+                ol = self.alpha.apply(outer_s, finite_option_logits(ol))
             f = self.on_options(finite_option_logits(ol), batch.labels)
             ol = ol.detach()
         if c.alpha_decay > 0:
