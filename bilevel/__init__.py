@@ -21,6 +21,8 @@ Public API::
     bilevel.fit(problem, solver, outer, inner, steps=..., outer_optimizer=..., inner_optimizer=...)
     @bilevel.custom_root(optimality)   # optimality(outer, inner) = 0 at solve(outer)'s result
     def solve(outer): ...               # any solver; the result is differentiable in outer
+    f = bilevel.functional(model)       # an nn.Module: f.params (the pytree), f.buffers,
+    f(params, x)                        #   f(...) = functional_call; BatchNorm stats never written
 
 See docs/bilevel.md for the formulas, costs and a runnable example.
 """
@@ -38,6 +40,7 @@ from .implicit import custom_root
 from .inner_optim import SGD, Adam
 from .loop import History, apply, fit
 from .meta import MetaProblem, meta_problem, task_copies
+from .module import FunctionalModule, functional
 from .problem import Problem
 from .solvers import (
     AID,
@@ -70,6 +73,7 @@ __all__ = [
     "FD",
     "FOMAML",
     "FiniteDifference",
+    "FunctionalModule",
     "HypergradMethod",
     "IMAML",
     "ITD",
@@ -93,6 +97,7 @@ __all__ = [
     "custom_root",
     "errors",
     "fit",
+    "functional",
     "hypergrad",
     "inner_optim",
     "linalg",
