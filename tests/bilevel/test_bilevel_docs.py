@@ -112,3 +112,14 @@ def test_the_custom_root_example_matches_the_closed_form(capsys):
     exec(compile(block, "docs/bilevel.md#custom-root", "exec"), {"__name__": "__doc_croot__"})
     assert "custom_root" in capsys.readouterr().out
     assert "bilevel._" not in block  # public names only
+
+
+def test_the_modules_example_runs_and_leaves_batchnorm_untouched(capsys):
+    """The block asserts ITD's fit lowers the validation loss with the BatchNorm buffers
+    unchanged and eval mode using the stored statistics; MAML over tasks runs under vmap."""
+    block = _section_block("Modules: `bilevel.functional(module)`")
+    namespace = {"__name__": "__doc_modules__"}
+    exec(compile(block, "docs/bilevel.md#modules", "exec"), namespace)
+    assert "modules: MAML meta-gradient norm" in capsys.readouterr().out
+    assert namespace["result"].info["outer_grad_norm"] > 0
+    assert "bilevel._" not in block and "functional_call" not in block  # the helper only
