@@ -33,6 +33,10 @@ Buffers and normalization statistics (the contract; docs/bilevel.md, "Modules"):
 
 Under ``torch.func.vmap`` (MAML over a leading task dimension, :func:`bilevel.task_copies`)
 the default call works in train and eval mode: no unbatched buffer is written.
+
+Build it once the module is final (after ``.to(dtype)``, ``.double()``, moving devices or
+replacing submodules): the aliases and the list of normalization layers are taken then.
+``buffers`` and ``update_buffers`` are keywords of the call, not passed to the forward.
 """
 
 from __future__ import annotations

@@ -5,6 +5,7 @@ unless asked, uses the stored statistics in eval mode, works under vmap over tas
 what is wrong with bad input."""
 
 import copy
+import gc
 import warnings
 
 import pytest
@@ -14,6 +15,7 @@ from torch.func import functional_call, vmap
 
 import bilevel
 from bilevel import linalg
+from tests.bilevel.test_bilevel_memory import _TrackOutputs
 
 F64 = torch.float64
 TOL = {"rtol": 1e-12, "atol": 1e-14}  # float64 round-off; the two versions run the same kernels
@@ -304,3 +306,27 @@ def test_bad_input_gets_an_error_that_names_the_problem():
         bilevel.functional(model, trainable=["4.wieght"])
     with pytest.raises(TypeError, match="not a str"):
         bilevel.functional(model, trainable="4.weight")
+
+
+@pytest.mark.parametrize("name", ["ITD", "AID", "MAML"])
+def test_no_saved_tensor_outlives_a_step_through_the_helper(name):
+    """The buffer copies and the None statistics leave nothing behind: after a step only the
+    returned directions are alive (the check of test_bilevel_memory.py, on the BN CNN)."""
+    model = cnn()
+    if name == "MAML":
+        problem, _, f = meta_problems(model)
+        outer, inner, batches = f.params, bilevel.task_copies(f.params, TASKS), task_batches()
+        solver = bilevel.MAML(2, 0.1)
+    else:
+        problem, _, outer, inner, _ = problems(model, "all")
+        batches = {"upper_batch": images(6, 2), "lower_batch": images(8, 1)}
+        solver = bilevel.ITD(3, 0.1) if name == "ITD" else bilevel.AID(3, 0.1)
+    tracker = _TrackOutputs()
+    with warnings.catch_warnings(), tracker:
+        warnings.simplefilter("ignore", RuntimeWarning)
+        result = solver.step(problem, outer, inner, **batches)
+    gc.collect()
+    returned = bilevel.tree.leaves((result.outer_grad, result.inner_grad, result.inner_solution))
+    survivors = [r() for r in tracker.refs if r() is not None]
+    assert len(tracker.refs) > 100
+    assert {id(t) for t in survivors} == {id(t) for t in returned}
