@@ -51,9 +51,9 @@ __all__ = ["FunctionalModule", "functional"]
 
 Trainable = Iterable[str] | Callable[[str], bool] | None
 
-# Every normalization layer with running statistics subclasses _NormBase (BatchNorm1d/2d/3d,
-# their Lazy versions, SyncBatchNorm, InstanceNorm1d/2d/3d); torch.func's own BatchNorm patch
-# (replace_all_batch_norm_modules_) keys on the same base classes.
+# Every normalization layer with running statistics subclasses the private _NormBase
+# (BatchNorm1d/2d/3d, their Lazy versions, SyncBatchNorm, InstanceNorm1d/2d/3d); torch.func's
+# own patch (replace_all_batch_norm_modules_) keys on the private _BatchNorm below it.
 _NORM = nn.modules.batchnorm._NormBase
 _STATS = ("running_mean", "running_var", "num_batches_tracked")
 
