@@ -330,3 +330,20 @@ def test_no_saved_tensor_outlives_a_step_through_the_helper(name):
     survivors = [r() for r in tracker.refs if r() is not None]
     assert len(tracker.refs) > 100
     assert {id(t) for t in survivors} == {id(t) for t in returned}
+
+
+@pytest.mark.parametrize("norm", [
+    lambda: nn.BatchNorm1d(4),
+    lambda: nn.InstanceNorm1d(4, affine=True, track_running_stats=True),
+], ids=["BatchNorm1d", "InstanceNorm1d"])
+def test_other_normalization_layers_are_neither_read_nor_written_in_train_mode(norm):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv1d(1, 4, 3), norm(), nn.Tanh(), nn.Flatten()).to(F64)
+    twin = copy.deepcopy(model)
+    f = bilevel.functional(model)
+    x = torch.randn(TASKS, 5, 1, 8, dtype=F64)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    assert torch.allclose(f(f.params, x[0]), functional_call(twin, f.params, (x[0],)), **TOL)
+    assert vmap(f)(bilevel.task_copies(f.params, TASKS), x).shape == (TASKS, 5, 24)
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+    assert not torch.equal(twin[1].running_mean, before["1.running_mean"])  # hand-written wrote
