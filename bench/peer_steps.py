@@ -83,7 +83,8 @@ class Holder(nn.Module):
         super().__init__()
         self.names = list(theta)
         for k, v in theta.items():
-            self.register_parameter(k, nn.Parameter(v.detach()))
+            # a module's parameter names ("0.weight") may not contain "." as attributes
+            self.register_parameter(k.replace(".", "__"), nn.Parameter(v.detach()))
 
     def as_dict(self, params: Any = None) -> dict[str, torch.Tensor]:
         """The current (possibly non-leaf, after a meta-optimizer step) parameters by name."""

@@ -71,15 +71,16 @@ def hyper_cleaning(kind: str, quick: bool, seed: int, dtype: torch.dtype) -> Cas
     from examples import hyper_cleaning as hc
 
     data = _cast(hc.load_data((200, 150, 200) if quick else (800, 400, 597), seed), dtype)
-    problem = hc.problem_for(data)
+    model = hc.init_model(kind, torch.Generator().manual_seed(seed))
+    problem = hc.problem_for(data, model)
 
     def init() -> tuple[dict, dict]:
-        theta = _cast(hc.init_model(kind, torch.Generator().manual_seed(seed)), dtype)
+        theta = _cast(hc.init_model(kind, torch.Generator().manual_seed(seed)).params, dtype)
         return {"a": torch.zeros(len(data["y_train"]), dtype=dtype, requires_grad=True)}, theta
 
     def metric(state: State) -> dict[str, float]:
         with torch.no_grad():
-            pred = hc.logits(state.theta, data["x_test"]).argmax(-1)
+            pred = model(state.theta, data["x_test"]).argmax(-1)
             f1 = hc.cleaner_f1(torch.sigmoid(state.alpha["a"]), data["corrupted"])
         return {"test_acc": float((pred == data["y_test"]).float().mean()), "f1": f1}
 
@@ -98,19 +99,18 @@ def l2_hpo(quick: bool, seed: int, dtype: torch.dtype) -> Case:
     from examples import l2_hpo as ex
 
     data = _cast(ex.load_data(seed, 300 if quick else None), dtype)
-    problem = ex.problem_for(data)
     d = data["x_train"].shape[1]
+    model = ex.init_model(d)
+    problem = ex.problem_for(data, model)
 
     def init() -> tuple[dict, dict]:
-        zeros = {"w": torch.zeros(d), "b": torch.zeros(()), "a": torch.zeros(d)}
-        z = _cast({k: v.requires_grad_(True) for k, v in zeros.items()}, dtype)
-        return {"a": z["a"]}, {"w": z["w"], "b": z["b"]}
+        alpha = _cast({"a": torch.zeros(d, requires_grad=True)}, dtype)
+        return alpha, _cast(ex.init_model(d).params, dtype)
 
     def metric(state: State) -> dict[str, float]:
         with torch.no_grad():
             val = float(problem.upper(state.alpha, state.theta, None))
-            z = data["x_test"] @ state.theta["w"] + state.theta["b"]
-            test = float(torch.nn.functional.binary_cross_entropy_with_logits(z, data["y_test"]))
+            test = float(ex.bce(model, state.theta, data, "test"))
         return {"val_loss": val, "test_loss": test}
 
     common = {"problem": problem, "init": init, "batches": (None, None), "outer_lr": 0.05}

@@ -23,6 +23,8 @@ Public API::
                                         # average their gradients over the ranks
     @bilevel.custom_root(optimality)   # optimality(outer, inner) = 0 at solve(outer)'s result
     def solve(outer): ...               # any solver; the result is differentiable in outer
+    f = bilevel.functional(model)       # an nn.Module: f.params (the pytree), f.buffers,
+    f(params, x)                        #   f(...) = functional_call; BatchNorm stats never written
 
 See docs/bilevel.md for the formulas, costs and a runnable example.
 """
@@ -40,6 +42,7 @@ from .implicit import custom_root
 from .inner_optim import SGD, Adam
 from .loop import History, apply, fit
 from .meta import MetaProblem, meta_problem, task_copies
+from .module import FunctionalModule, functional
 from .problem import Problem
 from .solvers import (
     AID,
@@ -72,6 +75,7 @@ __all__ = [
     "FD",
     "FOMAML",
     "FiniteDifference",
+    "FunctionalModule",
     "HypergradMethod",
     "IMAML",
     "ITD",
@@ -96,6 +100,7 @@ __all__ = [
     "distributed",
     "errors",
     "fit",
+    "functional",
     "hypergrad",
     "inner_optim",
     "linalg",

@@ -25,10 +25,11 @@ Objective = Callable[[Any, Any, Any], torch.Tensor]
 class Problem:
     """A bilevel problem: ``upper`` = f(outer, inner, batch), ``lower`` = g(outer, inner, batch).
 
-    An ``nn.Module`` becomes an objective through ``torch.func.functional_call``::
+    An ``nn.Module`` enters an objective through :func:`bilevel.functional`::
 
-        def lower(alpha, lora, batch):
-            logits = torch.func.functional_call(model, lora, (batch["x"],))
+        f = bilevel.functional(model, trainable=lambda name: "lora" in name)
+        def lower(alpha, lora, batch):                    # lora: a dict like f.params
+            logits = f(lora, batch["x"])
             return cross_entropy(logits, batch["y"]) + alpha["wd"] * tree.sq_norm(lora)
 
     Only the tensors passed as ``inner`` are inner variables; every other model parameter

@@ -56,20 +56,32 @@ LEARNERS: dict[str, Learner] = {
 }
 
 
-def mlp(params: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
-    """1-40-40-1 ReLU MLP; ``params`` leaves may carry a leading task dimension, then ``x``
-    is (tasks, points, 1)."""
-    h = x
-    for k in range(3):
-        h = h @ params[f"w{k}"] + params[f"b{k}"].unsqueeze(-2)
-        if k < 2:
-            h = torch.relu(h)
-    return h
+def mlp() -> torch.nn.Module:
+    """Finn et al.'s 1-40-40-1 ReLU MLP, on the meta device: the architecture only (no
+    storage, no draw from the global random generator)."""
+    nn = torch.nn
+    layers = [nn.Linear(1, 40, device="meta"), nn.Linear(40, 40, device="meta"),
+              nn.Linear(40, 1, device="meta")]
+    return nn.Sequential(layers[0], nn.ReLU(), layers[1], nn.ReLU(), layers[2])
+
+
+# The network as a function of its parameters (a dict name -> tensor, the pytree α and θ are):
+# MODEL(params, x) = torch.func.functional_call(mlp(), params, (x,)). Only its architecture
+# matters (it lives on the meta device): every call passes all the parameters.
+MODEL = bilevel.functional(mlp())
+
+
+def _mse(params: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return (MODEL(params, x) - y).pow(2).mean()
 
 
 def task_loss(params: dict[str, torch.Tensor], batch: dict[str, torch.Tensor]) -> torch.Tensor:
-    """Per-task mean squared error, shape (tasks,)."""
-    return (mlp(params, batch["x"]) - batch["y"]).pow(2).mean(dim=(-2, -1))
+    """Per-task mean squared error, shape (tasks,), for parameters with a leading task
+    dimension (vmap over the tasks: x is (tasks, points, 1)); a 0-dim loss for one task's
+    parameters and data (x: (points, 1))."""
+    if params["0.weight"].ndim == MODEL.params["0.weight"].ndim:
+        return _mse(params, batch["x"], batch["y"])
+    return torch.func.vmap(_mse)(params, batch["x"], batch["y"])
 
 
 def sample_tasks(tasks: int, points: Sequence[int], gen: torch.Generator) -> list[dict]:
@@ -84,14 +96,18 @@ def sample_tasks(tasks: int, points: Sequence[int], gen: torch.Generator) -> lis
 
 
 def init_params(gen: torch.Generator) -> dict[str, torch.Tensor]:
-    """PyTorch's default nn.Linear initialization, U(±1/√fan_in), as leaf tensors."""
-    sizes = [(1, 40), (40, 40), (40, 1)]
-    params = {}
-    for k, (fan_in, fan_out) in enumerate(sizes):
-        bound = 1 / math.sqrt(fan_in)
-        params[f"w{k}"] = (2 * torch.rand(fan_in, fan_out, generator=gen) - 1) * bound
-        params[f"b{k}"] = (2 * torch.rand(fan_out, generator=gen) - 1) * bound
-    return {k: v.requires_grad_(True) for k, v in params.items()}
+    """PyTorch's default nn.Linear initialization, U(±1/√fan_in), drawn from ``gen``: a fresh
+    network's parameters (``bilevel.functional(...).params``, leaves that require grad)."""
+    net = mlp().to_empty(device="cpu")
+    with torch.no_grad():
+        for layer in (net[0], net[2], net[4]):
+            fan_out, fan_in = layer.weight.shape
+            bound = 1 / math.sqrt(fan_in)
+            # drawn as (fan_in, fan_out), the order and shape of the draws before the
+            # examples used modules, so that the initialization is the same numbers
+            layer.weight.copy_(((2 * torch.rand(fan_in, fan_out, generator=gen) - 1) * bound).T)
+            layer.bias.copy_((2 * torch.rand(fan_out, generator=gen) - 1) * bound)
+    return bilevel.functional(net).params
 
 
 def adapted_mse(

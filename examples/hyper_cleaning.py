@@ -76,35 +76,38 @@ def load_data(sizes: tuple[int, int, int], seed: int) -> dict[str, torch.Tensor]
     }
 
 
-def init_model(kind: str, gen: torch.Generator, hidden: int = 64) -> dict[str, torch.Tensor]:
-    """Linear (64 → 10) or MLP (64 → hidden → 10) parameters, U(±1/√fan_in) (zeros for the
-    linear model, whose problem is convex)."""
-    sizes = [(64, 10)] if kind == "linear" else [(64, hidden), (hidden, 10)]
-    params = {}
-    for k, (fan_in, fan_out) in enumerate(sizes):
-        bound = 0.0 if kind == "linear" else 1 / math.sqrt(fan_in)
-        params[f"w{k}"] = (2 * torch.rand(fan_in, fan_out, generator=gen) - 1) * bound
-        params[f"b{k}"] = torch.zeros(fan_out)
-    return {k: v.requires_grad_(True) for k, v in params.items()}
+def init_model(kind: str, gen: torch.Generator, hidden: int = 64) -> bilevel.FunctionalModule:
+    """Linear (64 → 10) or MLP (64 → hidden → 10, one sigmoid hidden layer) as a function of
+    its parameters (``.params``, the inner variables θ); weights U(±1/√fan_in) (zeros for the
+    linear model, whose problem is convex), biases 0."""
+    nn = torch.nn
+    if kind == "linear":
+        net = nn.Sequential(nn.Linear(64, 10, device="meta"))
+    else:
+        net = nn.Sequential(nn.Linear(64, hidden, device="meta"), nn.Sigmoid(),
+                            nn.Linear(hidden, 10, device="meta"))
+    net = net.to_empty(device="cpu")  # built without drawing from the global generator
+    with torch.no_grad():
+        for layer in net[::2]:
+            fan_out, fan_in = layer.weight.shape
+            bound = 0.0 if kind == "linear" else 1 / math.sqrt(fan_in)
+            # drawn as (fan_in, fan_out): the same numbers as before the example used modules
+            layer.weight.copy_(((2 * torch.rand(fan_in, fan_out, generator=gen) - 1) * bound).T)
+            layer.bias.zero_()
+    return bilevel.functional(net)
 
 
-def logits(params: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
-    """The model: linear, or one sigmoid hidden layer."""
-    if "w1" not in params:
-        return x @ params["w0"] + params["b0"]
-    return torch.sigmoid(x @ params["w0"] + params["b0"]) @ params["w1"] + params["b1"]
-
-
-def problem_for(data: dict[str, torch.Tensor]) -> bilevel.Problem:
-    """The weighted-training / clean-validation bilevel problem of the module docstring."""
+def problem_for(data: dict[str, torch.Tensor], model: bilevel.FunctionalModule) -> bilevel.Problem:
+    """The weighted-training / clean-validation bilevel problem of the module docstring;
+    θ is ``model``'s parameters, ``model(θ, x)`` the logits."""
 
     def lower(alpha: dict, theta: dict, batch: Any) -> torch.Tensor:
-        losses = F.cross_entropy(logits(theta, data["x_train"]), data["y_train"], reduction="none")
+        losses = F.cross_entropy(model(theta, data["x_train"]), data["y_train"], reduction="none")
         ridge = sum(p.pow(2).sum() for p in theta.values())
         return (torch.sigmoid(alpha["a"]) * losses).mean() + 0.5 * RIDGE * ridge
 
     def upper(alpha: dict, theta: dict, batch: Any) -> torch.Tensor:
-        return F.cross_entropy(logits(theta, data["x_val"]), data["y_val"])
+        return F.cross_entropy(model(theta, data["x_val"]), data["y_val"])
 
     return bilevel.Problem(upper=upper, lower=lower)
 
@@ -121,14 +124,14 @@ def cleaner_f1(weights: torch.Tensor, corrupted: torch.Tensor) -> float:
 
 def run_solver(setup: Setup, kind: str, data: dict, config: dict) -> list[dict]:
     """Train one (model, solver) pair from the shared initialization; its curve."""
-    gen = torch.Generator().manual_seed(config["seed"])
-    theta = init_model(kind, gen)
+    model = init_model(kind, torch.Generator().manual_seed(config["seed"]))
+    theta = model.params
     alpha = {"a": torch.zeros(len(data["y_train"]), requires_grad=True)}
 
     def evaluate() -> dict[str, float]:
         with torch.no_grad():
             acc = {
-                split: float((logits(theta, data[f"x_{split}"]).argmax(-1) == data[f"y_{split}"])
+                split: float((model(theta, data[f"x_{split}"]).argmax(-1) == data[f"y_{split}"])
                              .float().mean())
                 for split in ("val", "test")
             }
@@ -136,7 +139,7 @@ def run_solver(setup: Setup, kind: str, data: dict, config: dict) -> list[dict]:
         return {"val_acc": acc["val"], "test_acc": acc["test"], "f1": f1}
 
     return train(
-        problem_for(data), setup, alpha, theta,
+        problem_for(data, model), setup, alpha, theta,
         steps=config["steps"], eval_every=config["eval_every"], evaluate=evaluate,
         batches=lambda _k: (None, None),
     )

@@ -7,6 +7,8 @@ jaxopt's and BOAT's L2 examples), on scikit-learn's bundled breast-cancer data.
     g(α, θ) = (1/n) Σ_i BCE(x_iᵀw + b, y_i) + ½ Σ_j e^{min(α_j, 2.5)} w_j²   (training third)
     f(α, θ) = BCE on the validation third;  θ = (w, b), α ∈ R^30
 
+The model is ``nn.Linear(30, 1)`` through ``bilevel.functional`` (θ = its weight and bias).
+
 Reported per solver: the validation loss (what it minimizes) and the test loss of the same
 θ against solver wall-clock, and both at the end. Outputs: ``l2_hpo.{json,md,png}``.
 """
@@ -70,19 +72,31 @@ def load_data(seed: int, n: int | None) -> dict[str, torch.Tensor]:
     return out
 
 
-def problem_for(data: dict[str, torch.Tensor]) -> bilevel.Problem:
-    """The per-feature L2 problem of the module docstring."""
+def init_model(d: int) -> bilevel.FunctionalModule:
+    """Logistic regression, ``nn.Linear(d, 1)``, as a function of its parameters θ = (w, b)
+    (``.params``: ``weight`` (1, d), ``bias`` (1,)), started at θ = 0."""
+    linear = torch.nn.Linear(d, 1, device="meta").to_empty(device="cpu")
+    with torch.no_grad():
+        linear.weight.zero_()
+        linear.bias.zero_()
+    return bilevel.functional(linear)
 
-    def bce(theta: dict, split: str) -> torch.Tensor:
-        z = data[f"x_{split}"] @ theta["w"] + theta["b"]
-        return F.binary_cross_entropy_with_logits(z, data[f"y_{split}"])
+
+def bce(model: bilevel.FunctionalModule, theta: dict, data: dict, split: str) -> torch.Tensor:
+    """Mean binary cross-entropy of ``model(θ, x)`` on one split."""
+    z = model(theta, data[f"x_{split}"]).squeeze(-1)
+    return F.binary_cross_entropy_with_logits(z, data[f"y_{split}"])
+
+
+def problem_for(data: dict[str, torch.Tensor], model: bilevel.FunctionalModule) -> bilevel.Problem:
+    """The per-feature L2 problem of the module docstring; θ is ``model``'s parameters."""
 
     def lower(alpha: dict, theta: dict, batch: Any) -> torch.Tensor:
         reg = alpha["a"].clamp(max=LOG_REG_MAX).exp()
-        return bce(theta, "train") + 0.5 * (reg * theta["w"].pow(2)).sum()
+        return bce(model, theta, data, "train") + 0.5 * (reg * theta["weight"].pow(2)).sum()
 
     def upper(alpha: dict, theta: dict, batch: Any) -> torch.Tensor:
-        return bce(theta, "val")
+        return bce(model, theta, data, "val")
 
     return bilevel.Problem(upper=upper, lower=lower)
 
@@ -91,14 +105,14 @@ def run_solver(setup: Setup, data: dict, config: dict) -> list[dict]:
     """Optimize α with one solver from α = 0 (e^α = 1 on every feature), θ = 0."""
     d = data["x_train"].shape[1]
     alpha = {"a": torch.zeros(d, requires_grad=True)}
-    theta = {"w": torch.zeros(d, requires_grad=True), "b": torch.zeros((), requires_grad=True)}
-    problem = problem_for(data)
+    model = init_model(d)
+    theta = model.params
+    problem = problem_for(data, model)
 
     def evaluate() -> dict[str, float]:
         with torch.no_grad():
             val = float(problem.upper(alpha, theta, None))
-            z = data["x_test"] @ theta["w"] + theta["b"]
-            test = float(F.binary_cross_entropy_with_logits(z, data["y_test"]))
+            test = float(bce(model, theta, data, "test"))
         a = alpha["a"].detach()
         return {"val_loss": val, "test_loss": test, "mean_log_reg": float(a.mean()),
                 "max_log_reg": float(a.max())}
@@ -110,9 +124,9 @@ def run_solver(setup: Setup, data: dict, config: dict) -> list[dict]:
     )
 
 
-def _solve_lower(problem: bilevel.Problem, alpha: dict, d: int) -> dict[str, torch.Tensor]:
-    """θ*(α) by L-BFGS (the lower level is strongly convex in w, convex in b)."""
-    theta = {"w": torch.zeros(d, requires_grad=True), "b": torch.zeros((), requires_grad=True)}
+def _solve_lower(problem: bilevel.Problem, alpha: dict, model: bilevel.FunctionalModule) -> dict:
+    """θ*(α) by L-BFGS from θ = 0 (the lower level is strongly convex in w, convex in b)."""
+    theta = {k: torch.zeros_like(v, requires_grad=True) for k, v in model.params.items()}
     opt = torch.optim.LBFGS(list(theta.values()), max_iter=200, line_search_fn="strong_wolfe")
 
     def closure() -> torch.Tensor:
@@ -129,17 +143,18 @@ def scalar_grid(data: dict, grid: torch.Tensor) -> list[dict]:
     """The usual alternative: one λ for every feature, chosen on validation from ``grid``
     (log λ values), θ solved to convergence by L-BFGS at each. The curve is the best
     validation loss so far (and the test loss of that λ) against the time spent."""
-    problem, d = problem_for(data), data["x_train"].shape[1]
+    d = data["x_train"].shape[1]
+    model = init_model(d)
+    problem = problem_for(data, model)
     curve, best, spent = [], None, 0.0
     for k, log_reg in enumerate(grid.tolist()):
         start = time.perf_counter()
         alpha = {"a": torch.full((d,), log_reg)}
-        theta = _solve_lower(problem, alpha, d)
+        theta = _solve_lower(problem, alpha, model)
         spent += time.perf_counter() - start
         with torch.no_grad():
             val = float(problem.upper(alpha, theta, None))
-            z = data["x_test"] @ theta["w"] + theta["b"]
-            test = float(F.binary_cross_entropy_with_logits(z, data["y_test"]))
+            test = float(bce(model, theta, data, "test"))
         if best is None or val < best["val_loss"]:
             best = {"val_loss": val, "test_loss": test, "mean_log_reg": log_reg,
                     "max_log_reg": log_reg}

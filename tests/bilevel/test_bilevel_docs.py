@@ -126,3 +126,14 @@ def test_the_distributed_example_runs_alone(capsys):
     assert "1 rank(s): validation loss" in capsys.readouterr().out
     section = (ROOT / "docs" / "bilevel.md").read_text().split(f"## {DISTRIBUTED}", 1)[1]
     assert "```bash\ntorchrun --nproc-per-node 2 examples/distributed_l2_hpo.py" in section
+
+
+def test_the_modules_example_runs_and_leaves_batchnorm_untouched(capsys):
+    """The block asserts ITD's fit lowers the validation loss with the BatchNorm buffers
+    unchanged and eval mode using the stored statistics; MAML over tasks runs under vmap."""
+    block = _section_block("Modules: `bilevel.functional(module)`")
+    namespace = {"__name__": "__doc_modules__"}
+    exec(compile(block, "docs/bilevel.md#modules", "exec"), namespace)
+    assert "modules: MAML meta-gradient norm" in capsys.readouterr().out
+    assert namespace["result"].info["outer_grad_norm"] > 0
+    assert "bilevel._" not in block and "functional_call" not in block  # the helper only
