@@ -44,7 +44,7 @@ from apps.study.catalogue import STUDIES, Comparison, FlopScale, Study, Variant
 from apps.study.dynamics import dynamics
 from apps.study.estimates import estimate_s
 from apps.study.integrity import DamagedCell, cross_check
-from apps.study.publish import PUBLISHED, publish
+from apps.study.publish import PUBLISHED, publish, publish_cell, restore
 from apps.study.questions import Questions
 from apps.study.report import markdown
 from apps.study.runner import Cell, cells, done, run
@@ -61,5 +61,6 @@ __all__ = [
     "PUBLISHED", "STUDIES", "Cell", "Comparison", "DamagedCell", "DatasetDraws", "FlopScale",
     "Questions", "Study", "Variant", "against_chance", "cells", "cross_check", "decide", "done",
     "dynamics", "estimate_s",
-    "markdown", "paired_difference", "pooled_interval", "publish", "run", "summarize",
+    "markdown", "paired_difference", "pooled_interval", "publish", "publish_cell", "restore",
+    "run", "summarize",
 ]

@@ -1,4 +1,5 @@
-"""``python -m apps.study NAME [--dry-run | --summarize | --publish DEST | --figures DEST]``."""
+"""``python -m apps.study NAME [--dry-run | --summarize | --publish DEST | --figures DEST]
+[--restore PUBLISHED] [--publish-each DEST]``."""
 
 from __future__ import annotations
 
@@ -13,8 +14,8 @@ from apps.study import figures
 from apps.study.catalogue import STUDIES, Study
 from apps.study.discipline import DisciplineError, check
 from apps.study.integrity import DamagedCell
-from apps.study.publish import publish
-from apps.study.runner import run
+from apps.study.publish import publish, publish_cell, restore
+from apps.study.runner import Cell, run
 from apps.study.summary import summarize
 
 
@@ -34,6 +35,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--figures", default="", metavar="DEST",
                     help="write the pooled reliability diagrams and training curves of the "
                          "finished cells to DEST (e.g. docs/img/NAME) and exit")
+    ap.add_argument("--restore", default="", metavar="PUBLISHED",
+                    help="first copy the finished cells of a published folder (e.g. "
+                         "docs/results/NAME) that the root lacks, so the study resumes after them")
+    ap.add_argument("--publish-each", default="", metavar="DEST",
+                    help="while running, publish each cell to DEST as soon as it finishes (and "
+                         "the summary at the end), so a run cut off mid-study loses no finished cell")
     a = ap.parse_args(argv)
     study = STUDIES[a.name]
     root = Path(a.root or f"runs/study-{study.name}")
@@ -47,7 +54,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"python -m apps.study: no study at {root} (not a folder); run `python -m apps.study "
               f"{study.name}` first, or pass the folder of its cells with --root", file=sys.stderr)
         return 2
-    for dest in (a.publish, a.figures):
+    if reads_only and (a.restore or a.publish_each):
+        ap.error("--restore and --publish-each go with running the study, not with "
+                 "--summarize, --publish or --figures")
+    if a.restore and not Path(a.restore).is_dir():
+        ap.error(f"--restore {a.restore}: no such folder of published cells")
+    for dest in (a.publish, a.figures, a.publish_each):
         if dest and Path(dest).resolve() == root.resolve():
             print(f"python -m apps.study: the destination {dest} is the study root itself; name "
                   f"another folder (e.g. docs/results/{study.name})", file=sys.stderr)
@@ -60,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
         # study, summary or publish is refused naming the holder instead of mixing the files
         with contextlib.ExitStack() as held:
             held.enter_context(locked(root, what="study root"))
-            for dest in (a.publish, a.figures):
+            for dest in (a.publish, a.figures, a.publish_each):
                 if dest:
                     held.enter_context(locked(dest, what=f"destination of study {study.name}"))
             return _act(a, study, root)
@@ -97,9 +109,20 @@ def _act(a: argparse.Namespace, study: Study, root: Path) -> int:
         summarize(study, root, n_boot=a.n_boot)
         print((root / "study.md").read_text())
         return 0
+    if a.restore:
+        restored = restore(study, Path(a.restore), root)
+        print(f"study {study.name}: {len(restored)} finished cells restored from {a.restore}"
+              + (f" ({', '.join(restored)})" if restored else ""))
     _check(study, root)  # before any cell runs
-    rc = run(study, root)
+
+    def publish_now(cell: Cell) -> None:
+        written = publish_cell(root, Path(a.publish_each), cell.name)
+        print(f"{cell.name}: {len(written)} files published to {a.publish_each}", flush=True)
+
+    rc = run(study, root, after_cell=publish_now if a.publish_each else None)
     summarize(study, root, n_boot=a.n_boot)
+    if a.publish_each:
+        publish(study, root, Path(a.publish_each))  # the summary and the log beside the cells
     return rc
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ import json
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from apps.calm_llm.config import Config, ConfigError, parse_args
@@ -63,9 +64,12 @@ def done(run_dir: Path, cell: Cell) -> bool:
     return results is not None and all(m in results for m in cell.variant.methods)
 
 
-def run(study: Study, root: Path, *, dry_run: bool = False, python: str = sys.executable) -> int:
+def run(study: Study, root: Path, *, dry_run: bool = False, python: str = sys.executable,
+        after_cell: Callable[[Cell], None] | None = None) -> int:
     """Run every unfinished cell in order; one progress line per cell with the study's ETA.
-    (The CLI checks the split discipline first: ``discipline.check``.)"""
+    ``after_cell(cell)`` is called after each cell that finished (e.g. to publish it at once, so
+    a session that ends mid-study loses no finished cell). (The CLI checks the split discipline
+    first: ``discipline.check``.)"""
     todo = [c for c in cells(study) if not done(root / c.name, c)]
     est = {c.name: estimate_s(study, c) for c in todo}  # parses every cell: a bad one fails here
     if study.flops is not None:
@@ -109,6 +113,8 @@ def run(study: Study, root: Path, *, dry_run: bool = False, python: str = sys.ex
         print(f"[{i + 1}/{len(todo)}] {c.name}: {'done' if rc == 0 else f'FAILED (rc {rc})'} in "
               f"{dt / 60:.1f} min (log {run_dir}.log)", flush=True)
         failures += rc != 0
+        if rc == 0 and after_cell is not None:
+            after_cell(c)
     print(f"study {study.name}: {len(todo) - failures} cells run, {failures} failed, "
           f"{(time.time() - t_start) / 60:.0f} min")
     return 1 if failures else 0

@@ -303,3 +303,50 @@ def test_study_md_names_the_unfinished_and_unchecked_cells(built, tmp_path):
     (root / "v-seed0" / "splits.json").unlink()  # as published
     S.summarize(MC, root, n_boot=20)
     assert "(none kept): v-seed0." in (root / "study.md").read_text()
+
+
+@pytest.mark.parametrize("study", [MC, OQ], ids=["multiple-choice", "open-qa"])
+def test_a_published_study_restores_into_an_empty_root_and_resumes_after_its_cells(built, tmp_path, study):
+    # a fresh machine has no runs/: restoring the published folder must make every published
+    # cell count as finished again (so `run` skips it), with the same numbers and answers
+    published = tmp_path / "published"
+    S.publish(study, built[study.name], published)
+    root = tmp_path / "fresh"
+    restored = S.restore(study, published, root)
+    assert restored == ["v-seed0", "v-seed1"]
+    for c in S.cells(study):
+        assert S.done(root / c.name, c)
+        assert (json.loads((root / c.name / "metrics.json").read_text())
+                == json.loads((built[study.name] / c.name / "metrics.json").read_text()))
+    if study is OQ:  # the answers come back decompressed, byte for byte
+        from apps.calm_llm.open_qa.score import PREDICTIONS
+        assert ((root / "v-seed0" / PREDICTIONS).read_bytes()
+                == (built[study.name] / "v-seed0" / PREDICTIONS).read_bytes())
+        assert not (root / "v-seed0" / f"{PREDICTIONS}.xz").exists()
+    from apps.study.integrity import finished_in_log
+    assert finished_in_log(root) == {"v-seed0", "v-seed1"}
+    assert S.run(study, root, python="false") == 0  # nothing left to run: no subprocess at all
+    # restoring again changes nothing: a cell already in the root is never overwritten
+    (root / "v-seed0" / "marker").write_text("kept")
+    assert S.restore(study, published, root) == []
+    assert (root / "v-seed0" / "marker").read_text() == "kept"
+
+
+def test_publish_each_publishes_a_cell_as_soon_as_it_finishes(built, tmp_path):
+    # `run` calls after_cell for each cell that exited 0, before the next one starts; a run with
+    # one cell already finished calls it for the other only
+    root = tmp_path / "root"
+    shutil.copytree(built[MC.name], root)
+    metrics = (root / "v-seed1" / "metrics.json").read_bytes()
+    (root / "v-seed1" / "metrics.json").unlink()
+    fake = tmp_path / "fake_python"  # "runs" the cell by putting its metrics.json back
+    fake.write_text(f"#!/bin/sh\ncp {tmp_path / 'metrics.json'} {root / 'v-seed1' / 'metrics.json'}\n")
+    fake.chmod(0o755)
+    (tmp_path / "metrics.json").write_bytes(metrics)
+    seen = []
+    dest = tmp_path / "published"
+    rc = S.run(MC, root, python=str(fake),
+               after_cell=lambda c: seen.append((c.name, len(S.publish_cell(root, dest, c.name)))))
+    assert rc == 0 and [name for name, _ in seen] == ["v-seed1"] and seen[0][1] >= 3
+    assert (dest / "v-seed1" / "metrics.json").read_bytes() == metrics
+    assert not (dest / "v-seed0").exists()
