@@ -28,7 +28,7 @@ from torch.utils import _pytree as pytree
 
 from . import tree
 from ._autodiff import grad, leaf_aliases, reached
-from .distributed import all_mean
+from .distributed import all_mean, world_size
 from .errors import UnusedLeafWarning
 from .meta import MetaProblem
 from .problem import Problem
@@ -240,6 +240,9 @@ class CheckedObjectives:
         self._checked = 0
         self.last_lower_batch: Any = None
         self.through_inner = through_inner
+        # read once per step, not once per gradient: the setting cannot change inside a step,
+        # and asking torch.distributed costs ~10 Python calls each time (bench/overhead.py)
+        self._parallel = world_size() > 1
         self._usage: LeafUsage | bool = self._needs_leaf_check()  # False: no check this step
 
     def _needs_leaf_check(self) -> bool:
@@ -309,7 +312,9 @@ class CheckedObjectives:
         one place a step's gradients meet the other ranks. The identity for the meta
         solvers (``through_inner``) too: their θ holds this rank's own tasks, not a copy of
         a shared θ, so only their meta-gradient is averaged (in ``meta_result``)."""
-        return xs if self.through_inner else all_mean(xs, differentiable=differentiable)
+        if self.through_inner or not self._parallel:
+            return xs
+        return all_mean(xs, differentiable=differentiable)
 
     def _raise_first_nonfinite(self, flags: list[bool]) -> None:
         for i, ok in enumerate(flags):
@@ -359,7 +364,8 @@ class CheckedObjectives:
         # on any rank fails every rank's step, instead of one raising while the others wait
         # in their next collective) and the info values (a rank's loss on its shard becomes
         # the full-batch mean; values formed from averaged gradients are the same everywhere).
-        host = all_mean([torch.cat(parts)])[0].tolist()
+        joined = torch.cat(parts)
+        host = (all_mean([joined])[0] if self._parallel else joined).tolist()
         flags, values = host[: len(new)], iter(host[len(new) :])
         self._raise_first_nonfinite([f == 1.0 for f in flags])
         self._checked = len(self._values)
