@@ -33,8 +33,10 @@ from calibration.smooth_ece import smooth_ece_binary
 from calibration.stats import Resampler, check_level, percentile_interval
 
 __all__ = [
+    "SUMMARY",
     "Interval",
     "ReliabilityData",
+    "SummaryMetric",
     "accuracy",
     "bootstrap",
     "brier",
@@ -271,17 +273,38 @@ def reliability_data(
     return ReliabilityData.from_bins(edges, count, mean_conf, mean_out)
 
 
+@dataclass(frozen=True)
+class SummaryMetric:
+    """One entry of :data:`SUMMARY`: ``fn(probs (N, K) float64, labels (N,), n_bins) -> float``;
+    ``better`` is "max", "min", or None for a descriptive number (mean confidence); ``label``
+    is the column heading a report gives it."""
+
+    name: str
+    label: str
+    better: Literal["max", "min"] | None
+    fn: Callable[[torch.Tensor, torch.Tensor, int], float]
+
+
+# The one table of headline metrics: `summary` computes exactly these, in this order, and every
+# report (a run's metrics.json and results table, a study's summary) reads its columns from here,
+# so a metric added here reaches all of them with no other edit.
+SUMMARY: tuple[SummaryMetric, ...] = (
+    SummaryMetric("accuracy", "Acc", "max", lambda p, y, b: accuracy(p, y)),
+    SummaryMetric("conf_ece", "conf-ECE", "min", lambda p, y, b: conf_ece(p, y, n_bins=b)),
+    SummaryMetric("cw_ece", "cw-ECE", "min", lambda p, y, b: cw_ece(p, y, n_bins=b)),
+    SummaryMetric("mce", "MCE", "min", lambda p, y, b: mce(p, y, n_bins=b)),
+    SummaryMetric("brier", "Brier", "min", lambda p, y, b: brier(p, y)),
+    SummaryMetric("nll", "NLL", "min", lambda p, y, b: nll(p, y)),
+    SummaryMetric("mean_confidence", "confidence", None, lambda p, y, b: mean_confidence(p)),
+    SummaryMetric("smooth_ece", "smooth ECE", "min", lambda p, y, b: smooth_ece(p, y)),
+)
+"""The headline metrics, in order: what :func:`summary` computes and every report's columns
+(a run's ``metrics.json`` and results table, a study's summary). Adding an entry is the one
+edit a new metric needs."""
+
+
 def summary(probs: Any, labels: Any, n_bins: int = 10, *, from_logits: bool = False) -> dict[str, float]:
-    """All headline metrics at once: accuracy, conf_ece, cw_ece, mce, brier, nll,
-    mean_confidence, smooth_ece (each a float)."""
+    """Every metric of :data:`SUMMARY` at once, ``{name: float}`` in the table's order: accuracy,
+    conf_ece, cw_ece, mce, brier, nll, mean_confidence, smooth_ece."""
     p, y = check_probs_labels(probs, labels, from_logits=from_logits)
-    return {
-        "accuracy": accuracy(p, y),
-        "conf_ece": conf_ece(p, y, n_bins=n_bins),
-        "cw_ece": cw_ece(p, y, n_bins=n_bins),
-        "mce": mce(p, y, n_bins=n_bins),
-        "brier": brier(p, y),
-        "nll": nll(p, y),
-        "mean_confidence": mean_confidence(p),
-        "smooth_ece": smooth_ece(p, y),
-    }
+    return {m.name: float(m.fn(p, y, n_bins)) for m in SUMMARY}

@@ -152,7 +152,38 @@ def render_table(results: Mapping[str, Mapping[str, Mapping[str, Any]]]) -> str:
                  "|" + "|".join(["---"] + [":---:"] * (len(header) - 1)) + "|"]
         lines += ["| " + " | ".join(r) + " |" for r in rows]
         blocks.append("\n".join(lines))
+        blocks.append(_every_metric(results, methods, datasets, DOMAIN_TITLES.get(dom, dom)))
     return "\n\n".join(blocks) + "\n"
+
+
+def _every_metric(results: Mapping[str, Mapping[str, Mapping[str, Any]]], methods: list[str],
+                  datasets: list[str], title: str) -> str:
+    """Every metric of ``calibration.metrics.SUMMARY`` (its columns, labels and directions
+    read from that table, so a metric added there appears here with no edit), one row per
+    method and dataset; the best of each (dataset, metric) with a direction in bold."""
+    cols = metrics.SUMMARY
+    lines = [f"#### {title}: every metric", "",
+             "| Method | Dataset | " + " | ".join(
+                 f"{m.label} {'↑' if m.better == 'max' else '↓' if m.better == 'min' else ''}".rstrip()
+                 for m in cols) + " |",
+             "|---|---|" + ":---:|" * len(cols)]
+    for ds in datasets:
+        best = {}
+        for m in cols:
+            vals = [results[r][ds].get(m.name) for r in methods if ds in results[r]]
+            vals = [v for v in vals if isinstance(v, (int, float)) and not math.isnan(v)]
+            if m.better is not None and len(vals) > 1:
+                best[m.name] = max(vals) if m.better == "max" else min(vals)
+        for r in methods:
+            if ds not in results[r]:
+                continue
+            cells = []
+            for m in cols:
+                v = results[r][ds].get(m.name)
+                text = fmt(v)
+                cells.append(f"**{text}**" if m.name in best and v == best[m.name] else text)
+            lines.append(f"| {r} | {ds} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
 
 def write_results(

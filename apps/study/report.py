@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from apps.study.dynamics import DYNAMICS_LAST, DYNAMICS_MEAN
+from calibration import metrics as cal_metrics
 
 
 def _dynamics_table(summary: dict[str, Any]) -> list[str]:
@@ -61,19 +62,22 @@ def _pooled_cell(d: dict[str, Any], key: str) -> str:
 def _metrics_table(summary: dict[str, Any], ds: str) -> list[str]:
     if any("semantic_ece" in e["datasets"].get(ds, {}).get("mean", {}) for e in summary["rows"].values()):
         return _open_qa_table(summary, ds)
-    lines = ["| variant / row | seeds | accuracy | conf-ECE | pooled 95% CI | cw-ECE | Brier | NLL | "
-             "confidence | calib NLL | calib conf-ECE |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    # the columns of calibration.metrics.SUMMARY (accuracy and conf-ECE first, with its pooled
+    # interval after it), then the calibration split's
+    rest = [m for m in cal_metrics.SUMMARY if m.name not in ("accuracy", "conf_ece")]
+    cols = [("accuracy", "accuracy"), ("conf-ECE", "conf_ece"),
+            ("pooled 95% CI", "conf_ece_pooled_ci"), *((m.label, m.name) for m in rest),
+            ("calib NLL", "calib_nll"), ("calib conf-ECE", "calib_conf_ece")]
+    lines = ["| variant / row | seeds | " + " | ".join(c[0] for c in cols) + " |",
+             "|---|---|" + "---|" * len(cols)]
     for key, e in summary["rows"].items():
         d = e["datasets"].get(ds)
         if d is None:
             continue
-
-        def cell(m: str, d: dict = d) -> str:
-            return f"{d['mean'][m]:.3f} ± {d['std'][m]:.3f}" if m in d["mean"] else "–"
-
-        lines.append(f"| {key} | {len(e['seeds'])} | {cell('accuracy')} | {cell('conf_ece')} | "
-                     f"{_pooled_cell(d, 'conf_ece_pooled_ci')} | {cell('cw_ece')} | {cell('brier')} | {cell('nll')} | "
-                     f"{cell('mean_confidence')} | {cell('calib_nll')} | {cell('calib_conf_ece')} |")
+        lines.append(f"| {key} | {len(e['seeds'])} | " + " | ".join(
+            _pooled_cell(d, m) if m.endswith("_pooled_ci") else
+            f"{d['mean'][m]:.3f} ± {d['std'][m]:.3f}" if m in d["mean"] else "–"
+            for _, m in cols) + " |")
     return lines
 
 

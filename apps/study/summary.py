@@ -33,9 +33,9 @@ from apps.study.questions import load as load_questions
 from apps.study.report import markdown
 from apps.study.runner import Cell, cells, done
 from apps.study.stats import DatasetDraws, against_chance, decide, paired_difference
+from calibration import metrics as cal_metrics
 from calibration.stats import percentile_interval
 
-METRICS = ("accuracy", "conf_ece", "cw_ece", "brier", "nll", "mean_confidence")
 CALIB = ("calib_nll", "calib_conf_ece", "calib_accuracy")
 # open QA (metrics.json "task": "open_qa"): the modal answer's accuracy, the greedy answer's, and
 # the semantic-cluster confidence's Semantic-ECE, Brier, AUROC, and the mean number of answer
@@ -107,7 +107,10 @@ def _add_cell(rows: dict[str, dict[str, Any]], c: Cell, run_dir: Path) -> bool:
             base = results.get(row.split(":", 1)[0], {}).get(ds, {})
             # runs before the fix copied the α row's calibration numbers into :no_alpha
             copied = row.endswith(":no_alpha") and r.get("calib_nll") == base.get("calib_nll")
-            for m in dict.fromkeys((*METRICS, *OPEN_QA_METRICS, *(() if copied else CALIB))):
+            # a run's headline metrics are calibration.metrics.SUMMARY's, read at each call (a
+            # metric added there reaches the study summaries with no edit here)
+            headline = (m.name for m in cal_metrics.SUMMARY)
+            for m in dict.fromkeys((*headline, *OPEN_QA_METRICS, *(() if copied else CALIB))):
                 if isinstance(r.get(m), (int, float)):
                     d["values"].setdefault(m, []).append(float(r[m]))
             for kind, conf in r.get("confidences", {}).items():  # open QA

@@ -15,6 +15,7 @@ from apps.calm_llm.evaluate import (
     render_table,
     write_results,
 )
+from apps.calm_llm.tables import fmt
 from calibration import metrics
 
 HAS_PLOTS = importlib.util.find_spec("calibration.plots") is not None and importlib.util.find_spec("matplotlib")
@@ -62,7 +63,8 @@ def test_json_shape_table_and_files(tmp_path):
     table = render_table(results)
     assert "### In-domain" in table and "### Out-of-domain" in table
     assert table.index("### In-domain") < table.index("### Out-of-domain")
-    calm_row = [line for line in table.splitlines() if line.startswith("| calm |")]
+    papers = table.split("#### ")[0] + table.split("### Out-of-domain")[1].split("#### ")[0]
+    calm_row = [line for line in papers.splitlines() if line.startswith("| calm |")]
     assert len(calm_row) == 2 and "**" in calm_row[0]  # calm has the lower ECE: bold
     assert "0.400 [" in table  # none on mmlu: |0.5 - 0.9|
     write_results(tmp_path, results, preds, extra={"zero_shot_accuracy": 0.5}, plots=False)
@@ -73,7 +75,7 @@ def test_json_shape_table_and_files(tmp_path):
         assert set(per_ds) == {"mmlu", "arc_challenge"}
         for m in per_ds.values():
             assert REQUIRED <= set(m) and m["domain"] in ("id", "ood")
-    assert (tmp_path / "results.md").read_text().count("| none |") == 2
+    assert (tmp_path / "results.md").read_text().count("| none |") == 4  # papers' + every-metric
     saved = load_file(str(tmp_path / "predictions.safetensors"))
     torch.testing.assert_close(saved["calm/mmlu/probs"], preds["calm"]["mmlu"][0].float())
     assert torch.equal(saved["calm/mmlu/labels"], preds["calm"]["mmlu"][1])
@@ -96,3 +98,21 @@ def test_errors():
         evaluate_predictions({"none": {"x": (p, y)}}, {}, n_boot=0)
     with pytest.raises(ValueError, match=r"\(N, K\)"):
         dataset_metrics(p[0], y, domain="id")
+
+
+def test_a_metric_added_to_the_summary_table_reaches_metrics_json_and_the_results_table(
+        tmp_path, monkeypatch):
+    # the one edit a new metric needs: an entry in calibration.metrics.SUMMARY
+    extra = metrics.SummaryMetric("top2_acc", "top-2 acc", "max",
+                                  lambda p, y, b: float((p.topk(2, -1).indices == y[:, None])
+                                                        .any(-1).double().mean()))
+    monkeypatch.setattr(metrics, "SUMMARY", (*metrics.SUMMARY, extra))
+    preds = {"none": {"mmlu": _constant(0.9, 40, 20)}, "calm": {"mmlu": _constant(0.6, 40, 22)}}
+    results = evaluate_predictions(preds, {"mmlu": "id"}, n_boot=0)
+    write_results(tmp_path, results, preds, plots=False)
+    saved = json.loads((tmp_path / "metrics.json").read_text())["results"]
+    p, y = preds["calm"]["mmlu"]
+    assert saved["calm"]["mmlu"]["top2_acc"] == pytest.approx(extra.fn(p.double(), y, 10), abs=1e-12)
+    md = (tmp_path / "results.md").read_text()
+    assert "top-2 acc ↑" in md
+    assert "| calm | mmlu |" in md and fmt(saved["calm"]["mmlu"]["top2_acc"]) in md

@@ -350,3 +350,21 @@ def test_publish_each_publishes_a_cell_as_soon_as_it_finishes(built, tmp_path):
     assert rc == 0 and [name for name, _ in seen] == ["v-seed1"] and seen[0][1] >= 3
     assert (dest / "v-seed1" / "metrics.json").read_bytes() == metrics
     assert not (dest / "v-seed0").exists()
+
+
+def test_a_metric_added_to_the_summary_table_reaches_the_study_summary(tmp_path, monkeypatch):
+    # one entry in calibration.metrics.SUMMARY: the runs write it (evaluate.dataset_metrics),
+    # the study pools it over seeds into study.json and shows it as a study.md column
+    from calibration import metrics
+    extra = metrics.SummaryMetric("top2_acc", "top-2 acc", "max",
+                                  lambda p, y, b: float((p.topk(2, -1).indices == y[:, None])
+                                                        .any(-1).double().mean()))
+    monkeypatch.setattr(metrics, "SUMMARY", (*metrics.SUMMARY, extra))
+    root = tmp_path / "root"
+    _multiple_choice(root)
+    summary = S.summarize(MC, root, n_boot=20)
+    runs = [json.loads((root / f"v-seed{k}" / "metrics.json").read_text())["results"]["sft"]["sciq"]
+            for k in (0, 1)]
+    pooled = summary["rows"]["v/sft"]["datasets"]["sciq"]["mean"]["top2_acc"]
+    assert pooled == pytest.approx(np.mean([r["top2_acc"] for r in runs]), abs=1e-12)
+    assert "| top-2 acc |" in (root / "study.md").read_text()
