@@ -252,7 +252,7 @@ def higher_hypergrad(spec: Spec, method: str) -> Hypergrad:
 
 def betty_hypergrad(spec: Spec, method: str) -> Hypergrad:
     """betty's ``cg`` (cg_iterations = K, cg_alpha = 1) at θ^(T) reached by hand (AID-CG)."""
-    from .libs.betty_lib import _Lower, unavailable
+    from .libs.betty_lib import Lower, unavailable
 
     why = unavailable()  # puts $BETTY_PATH on sys.path
     if why is not None:
@@ -273,7 +273,7 @@ def betty_hypergrad(spec: Spec, method: str) -> Hypergrad:
                 dict(zip(a_names, a)), dict(zip(names, th)), batch
             ),
         )
-        lower = _Lower(adapter, alpha, config)
+        lower = Lower(adapter, alpha, config)
         upper = SimpleNamespace(trainable_parameters=lambda: alpha)
         f = spec.problem.upper(state.alpha, dict(zip(names, lower.params)), upper_batch)
         # the problems' f does not read α, so betty's implicit term is the whole dF/dα

@@ -79,7 +79,7 @@ def generate_rows(lm: Any, prompts: list[str], *, n: int, calls: int, share_prom
     with lm.mode(False), torch.no_grad():
         torch.manual_seed(seed)
         for lo in range(0, len(encoded), batch_size):
-            ids, mask = S.left_pad(encoded[lo:lo + batch_size], S._pad_id(lm.tokenizer), lm.device)
+            ids, mask = S.left_pad(encoded[lo:lo + batch_size], S.pad_id_of(lm.tokenizer), lm.device)
             for _ in range(calls):
                 out = S.generate_batch(lm, ids, mask, n=n, config=cfg, processors=plist,
                                        share_prompt=share_prompt, stop=stop)
@@ -98,7 +98,7 @@ def decode_answers(lm: Any, prompts: list[str], *, n: int, temperature: float,
     with lm.mode(False), torch.no_grad(), torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         for lo in range(0, len(encoded), batch_size):
-            ids, mask = S.left_pad(encoded[lo:lo + batch_size], S._pad_id(lm.tokenizer), lm.device)
+            ids, mask = S.left_pad(encoded[lo:lo + batch_size], S.pad_id_of(lm.tokenizer), lm.device)
             answers += S.decode(lm, ids, mask, n=n, processors=plist, do_sample=True,
                                 max_new_tokens=max_new_tokens, stop=stop).token_ids
     return answers
@@ -116,7 +116,7 @@ class HFGenerate:
         from apps.calm_llm import sampling as S
 
         self.lm, self.prompts, self.args = lm, prompts, args
-        self.stop, self.pad = S.stop_mask(lm), S._pad_id(lm.tokenizer)
+        self.stop, self.pad = S.stop_mask(lm), S.pad_id_of(lm.tokenizer)
         self.eos = torch.zeros_like(self.stop)
         self.eos[S.eos_ids(lm)] = True
         self.generated: list[int] = []

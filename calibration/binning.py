@@ -57,3 +57,25 @@ def bin_index(values: torch.Tensor, n_bins: int, binning: Binning = "width") -> 
     v = values.detach().to(torch.float64)
     idx = torch.bucketize(v, edges, right=True) - 1
     return idx.clamp_(0, n_bins - 1)
+
+
+def bin_stats(
+    conf: torch.Tensor, outcome: torch.Tensor, n_bins: int, binning: Binning = "width"
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per-bin (count, mean confidence, mean outcome), each (n_bins,) float64, of the bins
+    `bin_index` assigns ``conf`` (N,) to; ``outcome`` (N,) is 1/0 correctness (or any value
+    whose per-bin mean is wanted). Empty bins give NaN means (0/0)."""
+    idx = bin_index(conf, n_bins, binning)
+    count = torch.zeros(n_bins, dtype=torch.float64).index_add_(0, idx, torch.ones_like(conf))
+    conf_sum = torch.zeros(n_bins, dtype=torch.float64).index_add_(0, idx, conf)
+    out_sum = torch.zeros(n_bins, dtype=torch.float64).index_add_(0, idx, outcome)
+    # 0/0 = NaN marks an empty bin; callers weight by count or skip it.
+    return count, conf_sum / count, out_sum / count
+
+
+def ece_from_bins(count: torch.Tensor, mean_conf: torch.Tensor, mean_out: torch.Tensor) -> float:
+    """ECE from `bin_stats`' output: Σ_k (|B_k|/N) |mean_out_k − mean_conf_k| over the nonempty
+    bins (the NaN means of empty bins never enter)."""
+    nonempty = count > 0
+    gap = (mean_out[nonempty] - mean_conf[nonempty]).abs()
+    return float((count[nonempty] * gap).sum() / count.sum())

@@ -28,7 +28,14 @@ import numpy as np
 import torch
 
 from calibration._checks import check_n_bins, check_probs, check_probs_labels
-from calibration.binning import Binning, bin_index, mass_edges, width_edges
+from calibration.binning import (
+    Binning,
+    bin_index,
+    bin_stats,
+    ece_from_bins,
+    mass_edges,
+    width_edges,
+)
 from calibration.smooth_ece import smooth_ece_binary
 from calibration.stats import Resampler, check_level, percentile_interval
 
@@ -57,24 +64,6 @@ def _top_label(p: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Te
     return conf, (pred == y).to(torch.float64)
 
 
-def _binned(
-    conf: torch.Tensor, outcome: torch.Tensor, n_bins: int, binning: Binning = "width"
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Per-bin (count, mean confidence, mean outcome), each (n_bins,); empty bins give NaN means."""
-    idx = bin_index(conf, n_bins, binning)
-    count = torch.zeros(n_bins, dtype=torch.float64).index_add_(0, idx, torch.ones_like(conf))
-    conf_sum = torch.zeros(n_bins, dtype=torch.float64).index_add_(0, idx, conf)
-    out_sum = torch.zeros(n_bins, dtype=torch.float64).index_add_(0, idx, outcome)
-    # 0/0 = NaN marks an empty bin; callers weight by count or skip it.
-    return count, conf_sum / count, out_sum / count
-
-
-def _ece_from_bins(count: torch.Tensor, mean_conf: torch.Tensor, mean_out: torch.Tensor) -> float:
-    nonempty = count > 0
-    gap = (mean_out[nonempty] - mean_conf[nonempty]).abs()
-    return float((count[nonempty] * gap).sum() / count.sum())
-
-
 def accuracy(probs: Any, labels: Any, *, from_logits: bool = False) -> float:
     """Top-1 accuracy (1/N) Σ_i 1[argmax_j p_ij = y_i]. probs (N, K), labels (N,)."""
     p, y = check_probs_labels(probs, labels, from_logits=from_logits)
@@ -100,7 +89,7 @@ def conf_ece(
     """
     p, y = check_probs_labels(probs, labels, from_logits=from_logits)
     conf, correct = _top_label(p, y)
-    return _ece_from_bins(*_binned(conf, correct, check_n_bins(n_bins), binning))
+    return ece_from_bins(*bin_stats(conf, correct, check_n_bins(n_bins), binning))
 
 
 def mce(
@@ -112,7 +101,7 @@ def mce(
     """
     p, y = check_probs_labels(probs, labels, from_logits=from_logits)
     conf, correct = _top_label(p, y)
-    count, mean_conf, mean_out = _binned(conf, correct, check_n_bins(n_bins), binning)
+    count, mean_conf, mean_out = bin_stats(conf, correct, check_n_bins(n_bins), binning)
     nonempty = count > 0
     return float((mean_out[nonempty] - mean_conf[nonempty]).abs().max())
 
@@ -238,7 +227,7 @@ class ReliabilityData:
     def from_bins(
         cls, edges: torch.Tensor, count: torch.Tensor, confidence: torch.Tensor, accuracy: torch.Tensor
     ) -> ReliabilityData:
-        """From the (n_bins + 1,) edges and the (n_bins,) tensors `_binned` returns."""
+        """From the (n_bins + 1,) edges and the (n_bins,) tensors `bin_stats` returns."""
         return cls(bin_lower=edges[:-1].numpy(), bin_upper=edges[1:].numpy(),
                    confidence=confidence.numpy(), accuracy=accuracy.numpy(),
                    count=count.numpy().astype(np.int64))
@@ -268,7 +257,7 @@ def reliability_data(
         outcome = torch.nn.functional.one_hot(y, p.shape[1]).to(torch.float64).reshape(-1)
     else:
         raise ValueError(f"mode must be 'top' or 'classwise', got {mode!r}")
-    count, mean_conf, mean_out = _binned(conf, outcome, n_bins, binning)
+    count, mean_conf, mean_out = bin_stats(conf, outcome, n_bins, binning)
     edges = width_edges(n_bins) if binning == "width" else mass_edges(conf, n_bins)
     return ReliabilityData.from_bins(edges, count, mean_conf, mean_out)
 

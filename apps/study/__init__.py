@@ -40,7 +40,8 @@ interval is exploratory (docs/results.md, "How the intervals are computed").
 
 from __future__ import annotations
 
-from apps.study.catalogue import STUDIES, Comparison, FlopScale, Study, Variant
+from apps.study.catalogue import STUDIES
+from apps.study.design import Comparison, FlopScale, Study, Variant
 from apps.study.dynamics import dynamics
 from apps.study.estimates import estimate_s
 from apps.study.integrity import DamagedCell, cross_check

@@ -11,7 +11,8 @@ from pathlib import Path
 import apps.study as package
 from apps.lock import LockedError, locked
 from apps.study import figures
-from apps.study.catalogue import STUDIES, Study
+from apps.study.catalogue import STUDIES
+from apps.study.design import Study
 from apps.study.discipline import DisciplineError, check
 from apps.study.integrity import DamagedCell
 from apps.study.publish import publish, publish_cell, restore

@@ -55,7 +55,7 @@ from pathlib import Path
 from typing import Any
 
 from apps.errors import DataError
-from apps.study.catalogue import ROLES, SPLIT_KINDS, Study
+from apps.study.design import ROLES, SPLIT_KINDS, Study
 from apps.study.runner import Cell, cells
 
 # split name (train, calib, test/<set>, ood/<set>) -> its questions, each as

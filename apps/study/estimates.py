@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from apps.calm_llm.config import Config, select_grid
-from apps.study.catalogue import Study, family
+from apps.study.design import Study, family
 
 if TYPE_CHECKING:
     from apps.study.runner import Cell

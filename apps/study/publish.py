@@ -6,7 +6,7 @@ from __future__ import annotations
 import lzma
 from pathlib import Path
 
-from apps.study.catalogue import Study
+from apps.study.design import Study
 from apps.study.integrity import cross_check, read_results
 from apps.study.runner import cells, done
 

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from apps.calm_llm.config import Config, ConfigError, parse_args
-from apps.study.catalogue import Study, Variant
+from apps.study.design import Study, Variant
 from apps.study.estimates import estimate_s
 from apps.study.integrity import read_results
 

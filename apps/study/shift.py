@@ -50,7 +50,8 @@ import numpy as np
 import torch
 
 from apps.lock import locked
-from apps.study.catalogue import STUDIES, Study
+from apps.study.catalogue import STUDIES
+from apps.study.design import Study
 from apps.study.integrity import cross_check, read_results
 from apps.study.runner import Cell, cells, done
 from calibration.metrics import accuracy, conf_ece, nll

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from apps.study.catalogue import Comparison
+from apps.study.design import Comparison
 from apps.study.questions import Questions, aligned
 from calibration.stats import Resampler, holm, p_value, percentile_interval
 

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from apps.study.answers import answer_metrics
-from apps.study.catalogue import Comparison, Study
+from apps.study.design import Comparison, Study
 from apps.study.dynamics import dynamics
 from apps.study.integrity import (
     RERUN,

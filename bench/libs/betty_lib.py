@@ -49,7 +49,7 @@ def unavailable() -> str | None:
     return None
 
 
-class _Lower:
+class Lower:
     """Stand-in for betty's lower ``Problem``: θ are its parameters, g its training loss."""
 
     paths: list = []
@@ -89,7 +89,7 @@ def build(p: BenchProblem, method: str, steps: int, lr: float) -> Run | None:
 
     def run() -> torch.Tensor:
         a = p.alpha.detach().requires_grad_(True)
-        lower = _Lower(p, a, config)
+        lower = Lower(p, a, config)
         upper = SimpleNamespace(trainable_parameters=lambda: [a])
         f = p.upper(a, lower.params, p.upper_batch)
         # betty adds the direct ∇_α f itself (Problem.backward); it is zero unless f reads α.

@@ -63,9 +63,9 @@ from ._base import (
     LinearSolve,
     LinearSolver,
     ListMatvec,
-    _factory,
     as_linear_solve,
     returns_x_only,
+    solver_factory,
     solver_name,
     unpack_solution,
 )
@@ -100,29 +100,29 @@ __all__ = [
 
 def solve_cg(**options: Any) -> LinearSolve:
     """``CG(**options).solve``: the protocol callable (options checked, unknown ones named)."""
-    return _factory(CG, "solve_cg", options)
+    return solver_factory(CG, "solve_cg", options)
 
 
 def solve_minres(**options: Any) -> LinearSolve:
     """``MINRES(**options).solve``."""
-    return _factory(MINRES, "solve_minres", options)
+    return solver_factory(MINRES, "solve_minres", options)
 
 
 def solve_normal_cg(**options: Any) -> LinearSolve:
     """``NormalCG(**options).solve`` (torchopt's default linear solve, by the same name)."""
-    return _factory(NormalCG, "solve_normal_cg", options)
+    return solver_factory(NormalCG, "solve_normal_cg", options)
 
 
 def solve_neumann(**options: Any) -> LinearSolve:
     """``Neumann(**options).solve`` (needs ``steps`` and ``lr``)."""
-    return _factory(Neumann, "solve_neumann", options)
+    return solver_factory(Neumann, "solve_neumann", options)
 
 
 def solve_fixed_point(**options: Any) -> LinearSolve:
     """``FixedPoint(**options).solve``."""
-    return _factory(FixedPoint, "solve_fixed_point", options)
+    return solver_factory(FixedPoint, "solve_fixed_point", options)
 
 
 def solve_dense(**options: Any) -> LinearSolve:
     """``Dense(**options).solve``."""
-    return _factory(Dense, "solve_dense", options)
+    return solver_factory(Dense, "solve_dense", options)

@@ -47,14 +47,14 @@ def _as_list_matvec(matvec: Callable[[Any], Any], spec: tree.TreeSpec) -> ListMa
     return mv
 
 
-def _with_ridge(matvec: ListMatvec, ridge: float) -> ListMatvec:
+def with_ridge(matvec: ListMatvec, ridge: float) -> ListMatvec:
     """x ↦ (A + ridge·I) x; ``matvec`` itself when ridge = 0 (no extra operation)."""
     if ridge == 0.0:
         return matvec
     return lambda xs: list(torch._foreach_add(matvec(xs), xs, alpha=ridge))
 
 
-def _check_init(
+def check_init(
     init: Sequence[torch.Tensor], b: Sequence[torch.Tensor], owner: str
 ) -> list[torch.Tensor]:
     """A fresh copy of ``init`` in b's dtypes and devices; ValueError unless shaped like b."""
@@ -67,14 +67,16 @@ def _check_init(
     return [x.detach().to(dtype=y.dtype, device=y.device).clone() for x, y in zip(init, b)]
 
 
-def _residual(
+def residual_of(
     matvec: ListMatvec, b: list[torch.Tensor], x: list[torch.Tensor]
 ) -> list[torch.Tensor]:
     """b − A x (a new list)."""
     return list(torch._foreach_sub(b, matvec(x)))
 
 
-def _finite(value: float, solver: str, what: str, iteration: int) -> float:
+def check_finite(value: float, solver: str, what: str, iteration: int) -> float:
+    """``value`` itself when finite; else FloatingPointError naming ``solver``, the quantity
+    ``what`` and the ``iteration`` (the iterations' guard against a diverged run)."""
     if not math.isfinite(value):
         raise FloatingPointError(
             f"{solver}: {what} is {value} at iteration {iteration}; the matrix-vector "
@@ -107,7 +109,8 @@ UNCONVERGED_POLICIES = ("warn", "ignore")
 DIVERGENCE_POLICIES = ("raise", "warn", "ignore")
 
 
-def _check_choice(owner: str, name: str, value: object, choices: tuple[str, ...]) -> None:
+def check_choice(owner: str, name: str, value: object, choices: tuple[str, ...]) -> None:
+    """ValueError naming ``owner``'s option ``name`` unless ``value`` is one of ``choices``."""
     if value not in choices:
         raise ValueError(
             f"{owner}: {name} must be one of {', '.join(map(repr, choices))}, got {value!r}"
@@ -151,8 +154,8 @@ class IterativeSolver(LinearSolver):
         for option in ("tol", "atol", "ridge"):
             if hasattr(self, option):
                 check_nonnegative(name, option, getattr(self, option))
-        _check_choice(name, "on_unconverged", self.on_unconverged, UNCONVERGED_POLICIES)
-        _check_choice(name, "on_divergence", self.on_divergence, DIVERGENCE_POLICIES)
+        check_choice(name, "on_unconverged", self.on_unconverged, UNCONVERGED_POLICIES)
+        check_choice(name, "on_divergence", self.on_divergence, DIVERGENCE_POLICIES)
         check_positive(name, "divergence_factor", self.divergence_factor)
         if self.divergence_factor <= 1.0:
             raise ValueError(
@@ -282,7 +285,9 @@ def unpack_solution(result: object, solver: object, owner: str) -> tuple[Any, di
     )
 
 
-def _factory(cls: type[LinearSolver], name: str, options: dict[str, Any]) -> LinearSolve:
+def solver_factory(cls: type[LinearSolver], name: str, options: dict[str, Any]) -> LinearSolve:
+    """``cls(**options).solve``, for the ``solve_*`` factories (``name``): an option ``cls``
+    does not have is refused with the list of those it has."""
     if not is_dataclass(cls):  # every concrete LinearSolver is one; narrows cls for fields()
         raise TypeError(f"{name}: {cls.__name__} is not a dataclass")
     # the class's own options first, then the keyword-only convergence contract
@@ -297,11 +302,14 @@ def _factory(cls: type[LinearSolver], name: str, options: dict[str, Any]) -> Lin
     return cls(**options).solve
 
 
-def _flat(xs: Sequence[torch.Tensor]) -> torch.Tensor:
+def flat_cat(xs: Sequence[torch.Tensor]) -> torch.Tensor:
+    """The tensors raveled and concatenated: one (Σ numel,) vector."""
     return torch.cat([t.reshape(-1) for t in xs])
 
 
-def _split(vec: torch.Tensor, like: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+def split_like(vec: torch.Tensor, like: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """The inverse of `flat_cat`: ``vec`` (Σ numel,) cut into tensors shaped and typed like
+    ``like``."""
     out, start = [], 0
     for t in like:
         out.append(vec[start : start + t.numel()].reshape(t.shape).to(t.dtype))

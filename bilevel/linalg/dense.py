@@ -10,7 +10,7 @@ import torch
 
 from .. import tree
 from .._checks import check_int, check_nonnegative
-from ._base import Info, LinearSolver, ListMatvec, _flat, _split
+from ._base import Info, LinearSolver, ListMatvec, flat_cat, split_like
 
 __all__ = ["Dense"]
 
@@ -71,13 +71,13 @@ class Dense(LinearSolver):
             dtype = torch.promote_types(dtype, t.dtype)
         flat_b = torch.cat([t.reshape(-1).to(dtype) for t in b])
         eye = torch.eye(n, dtype=dtype, device=flat_b.device)
-        columns = [_flat(matvec(_split(eye[i], b))) for i in range(n)]
+        columns = [flat_cat(matvec(split_like(eye[i], b))) for i in range(n)]
         a = torch.stack(columns, dim=1).to(dtype)  # column i = A e_i
         if not bool(torch.isfinite(a).all()):
             raise FloatingPointError("Dense: the materialized matrix has non-finite entries")
         x, rank = pinv_solve(a, flat_b, self.rcond)
         residual = float(torch.linalg.vector_norm(flat_b - a @ x))
-        return _split(x, b), _info(n, rank, residual)
+        return split_like(x, b), _info(n, rank, residual)
 
 
 def _info(n: int, rank: int, residual: float) -> Info:

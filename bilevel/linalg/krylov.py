@@ -15,11 +15,11 @@ from ._base import (
     Info,
     IterativeSolver,
     ListMatvec,
-    _check_choice,
-    _check_init,
-    _finite,
-    _residual,
-    _with_ridge,
+    check_choice,
+    check_finite,
+    check_init,
+    residual_of,
+    with_ridge,
 )
 
 __all__ = ["CG", "MINRES", "NormalCG"]
@@ -34,13 +34,13 @@ def _start(
     """``(A + ridge·I, x₀, r₀ = b − A x₀, ‖b‖, ‖r₀‖²)``; x₀ = 0 (no matvec) without ``init``."""
     owner = type(solver).__name__
     # ignored attr-defined: ridge is a field of each Krylov dataclass, not of IterativeSolver
-    matvec = _with_ridge(matvec, solver.ridge)  # type: ignore[attr-defined]
-    bb = _finite(float(tree.sq_norm_list(b)), owner, "‖b‖²", 0)
+    matvec = with_ridge(matvec, solver.ridge)  # type: ignore[attr-defined]
+    bb = check_finite(float(tree.sq_norm_list(b)), owner, "‖b‖²", 0)
     if init is None:
         return matvec, tree.zeros_like_list(b), [t.clone() for t in b], math.sqrt(bb), bb
-    x = _check_init(init, b, owner)
-    r = _residual(matvec, b, x)
-    rr = _finite(float(tree.sq_norm_list(r)), owner, "‖b − A·init‖²", 0)
+    x = check_init(init, b, owner)
+    r = residual_of(matvec, b, x)
+    rr = check_finite(float(tree.sq_norm_list(r)), owner, "‖b − A·init‖²", 0)
     return matvec, x, r, math.sqrt(bb), rr
 
 
@@ -85,7 +85,7 @@ class CG(IterativeSolver):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        _check_choice("CG", "negative_curvature", self.negative_curvature,
+        check_choice("CG", "negative_curvature", self.negative_curvature,
                       NEGATIVE_CURVATURE_POLICIES)
 
     def _hint(self) -> str:
@@ -116,7 +116,7 @@ class CG(IterativeSolver):
         while it < self.maxiter and math.sqrt(rr) > threshold:
             ap = matvec(p)
             it += 1
-            pap = _finite(float(tree.dot_list(p, ap)), "CG", "pᵀAp", it)
+            pap = check_finite(float(tree.dot_list(p, ap)), "CG", "pᵀAp", it)
             top = max(top, pap / pp) if pp > 0 else top
             if pap <= 0.0 or pap <= eps * top * pp:
                 reason = self._curvature(pap, it)
@@ -124,7 +124,7 @@ class CG(IterativeSolver):
             alpha = rr / pap
             torch._foreach_add_(x, p, alpha=alpha)
             torch._foreach_add_(r, ap, alpha=-alpha)
-            rr_new = _finite(float(tree.sq_norm_list(r)), "CG", "‖r‖²", it)
+            rr_new = check_finite(float(tree.sq_norm_list(r)), "CG", "‖r‖²", it)
             beta, rr = rr_new / rr, rr_new
             # p ← r + β p with rᵀp = 0 (CG's residuals are orthogonal to the previous search
             # directions): ‖p‖² ← ‖r‖² + β²‖p‖², exact up to round-off, enough for the
@@ -205,10 +205,10 @@ class MINRES(IterativeSolver):
             y = matvec(v)
             if it >= 2:
                 y = list(torch._foreach_sub(y, r1, alpha=beta / oldb))
-            alfa = _finite(float(tree.dot_list(v, y)), "MINRES", "vᵀAv", it)
+            alfa = check_finite(float(tree.dot_list(v, y)), "MINRES", "vᵀAv", it)
             y = list(torch._foreach_sub(y, r2, alpha=alfa / beta))
             r1, r2 = r2, y
-            oldb, beta = beta, math.sqrt(_finite(float(tree.sq_norm_list(y)), "MINRES", "β²", it))
+            oldb, beta = beta, math.sqrt(check_finite(float(tree.sq_norm_list(y)), "MINRES", "β²", it))
             # apply the previous Givens rotation, then the new one that zeroes β
             oldeps, delta = epsln, cs * dbar + sn * alfa
             gbar, epsln, dbar = sn * dbar - cs * alfa, sn * beta, -cs * beta
@@ -273,7 +273,7 @@ class NormalCG(IterativeSolver):
                                 matvecs=0.0)
         r = matvec(s)  # Aᵀ s₀
         atb = r if init is None else matvec(b)
-        atb_norm = math.sqrt(_finite(float(tree.sq_norm_list(atb)), "NormalCG", "‖Aᵀb‖²", 0))
+        atb_norm = math.sqrt(check_finite(float(tree.sq_norm_list(atb)), "NormalCG", "‖Aᵀb‖²", 0))
         extra = 1.0 if init is None else 3.0
         return self._iterate(matvec, x, s, r, (s0norm, threshold, self.tol * atb_norm), extra)
 
@@ -284,7 +284,7 @@ class NormalCG(IterativeSolver):
         """CGLS from x with s = b − A x and r = Aᵀ s, in place."""
         s0norm, threshold, normal_threshold = norms
         p = [t.clone() for t in r]
-        gamma = _finite(float(tree.sq_norm_list(r)), "NormalCG", "‖Aᵀs‖²", 0)
+        gamma = check_finite(float(tree.sq_norm_list(r)), "NormalCG", "‖Aᵀs‖²", 0)
         snorm, it, reason = s0norm, 0, None
 
         def done() -> bool:
@@ -293,14 +293,14 @@ class NormalCG(IterativeSolver):
         while it < self.maxiter and not done():
             q = matvec(p)
             it += 1
-            delta = _finite(float(tree.sq_norm_list(q)), "NormalCG", "‖A p‖²", it)
+            delta = check_finite(float(tree.sq_norm_list(q)), "NormalCG", "‖A p‖²", it)
             if delta == 0.0:  # p ≠ 0 in range(Aᵀ) with A p = 0: only by round-off
                 break
             alpha = gamma / delta
             torch._foreach_add_(x, p, alpha=alpha)
             torch._foreach_add_(s, q, alpha=-alpha)
             r = matvec(s)
-            gamma, old = _finite(float(tree.sq_norm_list(r)), "NormalCG", "‖Aᵀs‖²", it), gamma
+            gamma, old = check_finite(float(tree.sq_norm_list(r)), "NormalCG", "‖Aᵀs‖²", it), gamma
             snorm = math.sqrt(float(tree.sq_norm_list(s)))
             if self._diverging(snorm, s0norm, it):
                 reason = ""

