@@ -31,7 +31,7 @@ DOMAINS = ("id", "ood")
 DOMAIN_TITLES = {"id": "In-domain", "ood": "Out-of-domain"}
 
 
-def _trim_absent_tail(probs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+def trim_absent_tail(probs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """Drop trailing option slots that no question has (zero mass, never a label): a batch is
     K = max_options wide, and an all-zero 5th column of a 4-option set would dilute cw-ECE's
     average over classes. Slots absent only for some questions stay (ARC mixes 3-5 options)."""
@@ -67,7 +67,7 @@ def dataset_metrics(
     y = torch.as_tensor(labels).detach().to("cpu", torch.int64)
     if p.ndim != 2 or y.ndim != 1 or p.shape[0] != y.shape[0]:
         raise ValueError(f"probs must be (N, K) and labels (N,), got {tuple(p.shape)} and {tuple(y.shape)}")
-    p = _trim_absent_tail(p, y)
+    p = trim_absent_tail(p, y)
     out: dict[str, Any] = {"domain": domain, "n": int(p.shape[0]), "n_options": int(p.shape[1])}
     out.update(metrics.summary(p, y, n_bins=n_bins))
     for name, fn in (("conf_ece", metrics.conf_ece), ("cw_ece", metrics.cw_ece)):

@@ -157,11 +157,11 @@ def _option_metrics(probs: Any, labels: Any, n_bins: int) -> dict[str, Any]:
     read: smooth ECE alone costs ~20x the rest (a kernel over every pair of questions)."""
     import torch
 
-    from apps.calm_llm.evaluate import _trim_absent_tail
+    from apps.calm_llm.evaluate import trim_absent_tail
     from calibration import metrics
 
     y = torch.as_tensor(labels).to("cpu", torch.int64)
-    p = _trim_absent_tail(torch.as_tensor(probs).to("cpu", torch.float64), y)
+    p = trim_absent_tail(torch.as_tensor(probs).to("cpu", torch.float64), y)
     return {"n": int(p.shape[0]), "accuracy": metrics.accuracy(p, y),
             "conf_ece": metrics.conf_ece(p, y, n_bins=n_bins), "cw_ece": metrics.cw_ece(p, y, n_bins=n_bins),
             "brier": metrics.brier(p, y), "nll": metrics.nll(p, y),

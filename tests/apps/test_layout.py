@@ -45,9 +45,6 @@ PRIVATE_IMPORTS_ALLOWED = {
     ("apps/calm_llm/config/validate.py", "apps.calm_llm.config.schema:_plugin_fields"),
     ("apps/calm_llm/config/validate.py", "apps.calm_llm.config.schema:_plugin_flag"),
     ("apps/calm_llm/config/validate.py", "apps.calm_llm.config.schema:_type_of"),
-    # evaluate.py's _trim_absent_tail is shared with the study's integrity check; it becomes
-    # public when evaluate.py is next edited
-    ("apps/study/integrity.py", "apps.calm_llm.evaluate:_trim_absent_tail"),
 }
 
 
