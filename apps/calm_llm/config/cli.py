@@ -19,18 +19,21 @@ from typing import Any
 
 from ...errors import ConfigError, PluginError
 from .. import task_table
+from .entry_options import (
+    _option_classes,
+    _plugin_fields,
+    _plugin_flag,
+    _with_method_defaults,
+    legacy_flags,
+    moved_options,
+)
 from .schema import (
     CONFIG_DIR,
-    MOVED_TRAIN_OPTIONS,
     SECTIONS,
     Config,
     _flag,
     _leaf_fields,
-    _option_classes,
-    _plugin_fields,
-    _plugin_flag,
     _type_of,
-    _with_method_defaults,
 )
 from .validate import validate
 
@@ -289,7 +292,7 @@ def from_dict(data: dict, base: Config | None = None) -> Config:
     )
     if isinstance(data.get("plugins"), list):  # they register the methods plugin_options names
         load_plugins([str(m) for m in data["plugins"]])
-    data = _moved_options(data)
+    data = moved_options(data)  # an older config.json: options since moved into entries
     top = {f.name: f for f in fields(Config)}
     for key, value in data.items():
         if key not in top:
@@ -308,23 +311,6 @@ def from_dict(data: dict, base: Config | None = None) -> Config:
         else:
             setattr(cfg, key, _coerce(key, top[key], value))
     return _with_method_defaults(cfg)
-
-
-def _moved_options(data: dict) -> dict:
-    """A config written before an option moved from ``train`` into its method's own options
-    (``MOVED_TRAIN_OPTIONS``) read as if written after: ``train.rcft_weight`` is
-    ``plugin_options.rcft.weight`` (so an older run's config.json still loads and resumes)."""
-    train = data.get("train")
-    if not isinstance(train, dict) or not set(train) & set(MOVED_TRAIN_OPTIONS):
-        return data
-    out = {**data, "train": {k: v for k, v in train.items() if k not in MOVED_TRAIN_OPTIONS}}
-    moved = {k: v for k, v in train.items() if k in MOVED_TRAIN_OPTIONS}
-    plugin = {m: dict(o) for m, o in (data.get("plugin_options") or {}).items()}
-    for key, value in moved.items():
-        method, name = MOVED_TRAIN_OPTIONS[key]
-        plugin.setdefault(method, {}).setdefault(name, value)  # the new place wins
-    out["plugin_options"] = plugin
-    return out
 
 
 def parse_args(argv: list[str] | None = None) -> Config:
@@ -351,6 +337,8 @@ def parse_args(argv: list[str] | None = None) -> Config:
         else:
             nested[dest] = value
     cfg = from_dict(nested, cfg)
+    # an old command line's --cg-maxiter with --linear-solver neumann: Neumann's, as it was
+    cfg = legacy_flags(cfg, nested.get("plugin_options", {}))
     load_plugins(cfg.plugins)
     validate(cfg)
     return cfg

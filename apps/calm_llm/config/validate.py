@@ -15,16 +15,15 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import ConfigError
-from .. import methods, task_table
+from .. import methods, solvers, task_table
 from ..data import open_qa, sources
+from .entry_options import _plugin_fields, _plugin_flag, selectable_options
 from .schema import (
     Config,
     ModelConfig,
     _check,
     _flag,
     _leaf_fields,
-    _plugin_fields,
-    _plugin_flag,
     _type_of,
     data_files,
     data_hub,
@@ -45,6 +44,11 @@ def validate(cfg: Config) -> None:
     _check_train(cfg)
     for check in dict.fromkeys(i.validate for i in methods.METHODS.values() if i.validate):
         check(cfg)
+    # each solver's and linear solver's own options (`SolverInfo.validate`), a plugin's alike
+    for table in (solvers.SOLVERS, solvers.LINEAR_SOLVERS):
+        for info in table.values():
+            if getattr(info, "validate", None) is not None:
+                info.validate(cfg)
     select_grid(cfg)  # raises ConfigError for a bad --select
     _check_combinations(cfg)
     _check_paths(cfg)  # last: a combination that cannot work is worth saying before a typo'd path
@@ -282,12 +286,16 @@ def select_grid(cfg: Config) -> list[dict[str, Any]]:
     """``--select KEY=V1,V2 ...`` as the list of ``{section.field: value}`` points of the grid
     (the cartesian product of the entries); ``[]`` without --select.
 
-    Keys are option names as in the CLI without dashes (``eta``, ``alpha_lr``, ``alpha-decay``);
+    Keys are option names as in the CLI without dashes (``eta``, ``alpha_lr``, ``alpha-decay``;
+    a solver's own options by their flag, ``eta``, ``itd_truncate``: ``calm.eta`` in a point);
     values are parsed with the option's type and validated like the option itself.
     """
     if not cfg.select:
         return []
     by_name = {f.name: (sec, f) for sec, f in _leaf_fields() if sec}
+    # the solvers' own options, which were calm options: ``eta``, ``itd_truncate``, ``cg_maxiter``
+    by_name.update({k: ("calm", f) for k, (_, f) in selectable_options().items()
+                    if k not in by_name})
     axes: list[list[tuple[str, Any]]] = []
     seen: set[str] = set()
     for entry in cfg.select:
