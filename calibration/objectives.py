@@ -10,7 +10,8 @@ ValueError when no row is kept (a mean over nothing has no value to return).
 - ``confidence_penalty``: CE − β·entropy (Pereyra et al. 2017), over the same rows
 - ``estimate_bin_accuracy`` / ``ece_regularizer``: the RCFT E-step and M-step (CFT paper)
 - ``soft_binned_ece``:    a differentiable ECE (soft bin memberships; Karandikar et al. 2021)
-- ``CALIBRATION_LOSSES`` (a `calibration.registry.Registry`) / ``calibration_loss(name)``: the
+- ``CALIBRATION_LOSSES`` (`calibration.loss_table.LOSSES`, the one table, torch-free) /
+  ``calibration_loss(name)``: the
   losses a calibration parameter can be fitted to, each ``(logits (N, K), labels (N,)) -> scalar`` to minimize: ``"entropy"``
   (−mean entropy, CALM's upper level; its optimum is the uniform distribution, so it needs a
   constraint such as CALM's lower level), ``"nll"`` and ``"soft_ece"`` (optimum at calibration)
@@ -20,13 +21,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
 from calibration._checks import check_n_bins
 from calibration.binning import bin_index
+from calibration.loss_table import LOSSES, CalibrationLoss
 from calibration.registry import Registry
 
 __all__ = [
@@ -338,25 +339,8 @@ def label_nll(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     return cross_entropy(logits, labels)
 
 
-@dataclass(frozen=True)
-class CalibrationLoss:
-    """One entry of `CALIBRATION_LOSSES`: ``fn(logits (N, K), labels (N,)) -> scalar``, the
-    loss a calibration parameter (α, a temperature) is fitted to; ``summary``: one line."""
-
-    name: str
-    fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
-    summary: str = ""
-
-
-CALIBRATION_LOSSES: Registry[CalibrationLoss] = Registry("calibration loss")
-"""The upper-level calibration losses by name (``entropy``, ``nll``, ``soft_ece``; a plugin
-may register more): the table ``calibration_loss`` reads."""
-CALIBRATION_LOSSES.register(CalibrationLoss(
-    "entropy", neg_entropy, "−mean entropy (label-free; optimum at the uniform distribution)"))
-CALIBRATION_LOSSES.register(CalibrationLoss(
-    "nll", label_nll, "mean cross-entropy of the labels (optimum at calibration)"))
-CALIBRATION_LOSSES.register(CalibrationLoss(
-    "soft_ece", soft_binned_ece, "soft-binned ECE, Karandikar et al. 2021 (optimum at calibration)"))
+# the one table of these losses (torch-free, with what each acts on): `calibration.loss_table`
+CALIBRATION_LOSSES: Registry[CalibrationLoss] = LOSSES
 
 
 def calibration_loss(name: str) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
@@ -364,4 +348,4 @@ def calibration_loss(name: str) -> Callable[[torch.Tensor, torch.Tensor], torch.
     (``CALIBRATION_LOSSES``): "entropy" = −mean entropy, "nll" = mean cross-entropy of the
     labels, "soft_ece" = `soft_binned_ece`. An unknown name is a ValueError listing the
     registered ones."""
-    return CALIBRATION_LOSSES.get(name).fn
+    return CALIBRATION_LOSSES.get(name).function("options")

@@ -132,6 +132,9 @@ def _method_section(cal: dict[str, Any], cfg: dict[str, Any], base: dict[str, An
                      + (", the run used --no-alpha-at-inference)" if cal.get("alpha_trained") else ")"))
     if cal["method"].startswith("calm"):
         c = cfg["calm"]
+        # eta: bome's own option now (plugin_options.bome), a calm field in older configs
+        c = {**c, **{k: v for k, v in (cfg.get("plugin_options", {}).get("bome") or {}).items()
+                     if k == "eta"}}
         lines.append("- CALM options: " + ", ".join(f"{k}={c[k]}" for k in (
             "solver", "alpha_param", "alpha_form", "alpha_support", "upper_objective", "upper_loss",
             "inner_steps", "eta", "alpha_lr") if k in c))

@@ -100,8 +100,8 @@ def test_unknown_file_keys_are_named(tmp_path):
 
 def test_help_documents_every_option_with_default():
     text = " ".join(C.build_parser().format_help().split())
-    for _sec, f in C._leaf_fields():
-        assert C._flag(f) in text
+    for _sec, f in C.leaf_fields():
+        assert C.flag_of(f) in text
     assert "(default: 'bome')" in text and "(default: 0.001)" in text
 
 

@@ -87,3 +87,22 @@ def test_an_upper_loss_declares_what_it_acts_on_and_the_config_is_checked_agains
     assert UPPER_LOSSES["soft_ece"].acts_on == ("options",)
     assert UPPER_LOSSES["entropy"].acts_on == UPPER_LOSSES["nll"].acts_on == (
         "options", "answer_tokens")
+
+
+def test_one_table_of_calibration_losses_the_app_reads():
+    """calibration.loss_table.LOSSES is the one table: objectives' CALIBRATION_LOSSES and the
+    app's UPPER_LOSSES are it (the app adds only its answer-token forms), names unchanged."""
+    import torch
+
+    from apps.calm_llm.methods.upper import UPPER_LOSSES, UpperLoss
+    from calibration import loss_table, objectives
+
+    assert objectives.CALIBRATION_LOSSES is loss_table.LOSSES is UPPER_LOSSES
+    assert UpperLoss is loss_table.CalibrationLoss is objectives.CalibrationLoss
+    assert list(loss_table.LOSSES)[:3] == ["entropy", "nll", "soft_ece"]
+    assert loss_table.LOSSES["soft_ece"].acts_on == ("options",)
+    assert loss_table.LOSSES["nll"].acts_on == ("options", "answer_tokens")
+    z, y = torch.tensor([[1.0, 0.0], [0.0, 2.0]]), torch.tensor([0, 1])
+    assert loss_table.LOSSES["nll"].function("options") is objectives.label_nll
+    torch.testing.assert_close(objectives.calibration_loss("soft_ece")(z, y),
+                               objectives.soft_binned_ece(z, y), rtol=0, atol=0)

@@ -285,3 +285,4 @@ def test_calibration_losses_registry():
         float(torch.nn.functional.cross_entropy(z, y)))
     with pytest.raises(ValueError, match="unknown calibration loss .brier2.; registered: .*soft_ece"):
         objectives.calibration_loss("brier2")
+

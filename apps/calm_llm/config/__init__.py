@@ -39,12 +39,12 @@ from .schema import (
     ModelConfig,
     OpenQAConfig,
     TrainConfig,
-    _flag,
-    _leaf_fields,
     calib_batch_size,
     data_files,
     data_hub,
     differences,
+    flag_of,
+    leaf_fields,
     opt,
     split_seed,
     variant_name,
@@ -58,7 +58,7 @@ __all__ = [
     "build_parser", "calib_batch_size", "data_files", "data_hub", "differences", "from_dict",
     "load_file", "load_plugins", "needs_second_order", "opt", "options_markdown", "parse_args",
     "resolve_config_file", "select_grid", "split_seed", "trained", "validate", "variant_name",
-    "with_overrides", "_flag", "_leaf_fields",
+    "with_overrides", "flag_of", "leaf_fields",
 ]
 
 

@@ -19,18 +19,21 @@ from typing import Any
 
 from ...errors import ConfigError, PluginError
 from .. import task_table
+from .entry_options import (
+    legacy_flags,
+    moved_options,
+    option_classes,
+    plugin_fields,
+    plugin_flag,
+    with_method_defaults,
+)
 from .schema import (
     CONFIG_DIR,
-    MOVED_TRAIN_OPTIONS,
     SECTIONS,
     Config,
-    _flag,
-    _leaf_fields,
-    _option_classes,
-    _plugin_fields,
-    _plugin_flag,
-    _type_of,
-    _with_method_defaults,
+    flag_of,
+    leaf_fields,
+    type_of,
 )
 from .validate import validate
 
@@ -39,7 +42,7 @@ def _set_method_options(cfg: Config, value: Any) -> None:
     """Apply a ``plugin_options: {method: {field: value}}`` mapping (a file, config.json, flags)."""
     if not isinstance(value, dict):
         raise ConfigError(f"plugin_options: expected a mapping of methods, got {value!r}")
-    classes = _option_classes()
+    classes = option_classes()
     for method, values in value.items():
         if method not in classes:
             raise ConfigError(f"plugin_options.{method}: no registered method, solver, linear "
@@ -64,7 +67,7 @@ def _help(f: dataclasses.Field) -> str:
 
 def _add_flag(group: Any, flag: str, f: dataclasses.Field, dest: str) -> None:
     """One option's flag: its type, choices and help with the default; absent unless given."""
-    t = _type_of(f)
+    t = type_of(f)
     default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
     kw: dict[str, Any] = {"dest": dest, "default": argparse.SUPPRESS,
                           "help": f"{_help(f)} (default: {default!r})"}
@@ -98,15 +101,15 @@ def build_parser() -> argparse.ArgumentParser:
     groups: dict[str | None, Any] = {None: p.add_argument_group("run")}
     for sec in SECTIONS:
         groups[sec] = p.add_argument_group(sec)
-    for sec, f in _leaf_fields():
-        flag = _flag(f)
+    for sec, f in leaf_fields():
+        flag = flag_of(f)
         if flag in seen:  # a programming error: flat CLI needs unique names
             raise RuntimeError(f"duplicate flag {flag}")
         seen.add(flag)
         _add_flag(groups[sec], flag, f, f"{sec}.{f.name}" if sec else f.name)
-    plugin_cfg = _with_method_defaults(Config())
-    for method, _obj, f in _plugin_fields(plugin_cfg):
-        flag = _plugin_flag(method, f)
+    plugin_cfg = with_method_defaults(Config())
+    for method, _obj, f in plugin_fields(plugin_cfg):
+        flag = plugin_flag(method, f)
         if flag in seen:
             raise ConfigError(f"method {method!r}: its option flag {flag} is taken")
         seen.add(flag)
@@ -260,7 +263,7 @@ def load_file(path: str | Path) -> dict:
 
 
 def _coerce(name: str, f: dataclasses.Field, value: Any) -> Any:
-    t = _type_of(f)
+    t = type_of(f)
     if t is list:
         if isinstance(value, str):
             value = [value]
@@ -289,7 +292,7 @@ def from_dict(data: dict, base: Config | None = None) -> Config:
     )
     if isinstance(data.get("plugins"), list):  # they register the methods plugin_options names
         load_plugins([str(m) for m in data["plugins"]])
-    data = _moved_options(data)
+    data = moved_options(data)  # an older config.json: options since moved into entries
     top = {f.name: f for f in fields(Config)}
     for key, value in data.items():
         if key not in top:
@@ -307,24 +310,7 @@ def from_dict(data: dict, base: Config | None = None) -> Config:
                 setattr(sec, k, _coerce(f"{key}.{k}", sub[k], v))
         else:
             setattr(cfg, key, _coerce(key, top[key], value))
-    return _with_method_defaults(cfg)
-
-
-def _moved_options(data: dict) -> dict:
-    """A config written before an option moved from ``train`` into its method's own options
-    (``MOVED_TRAIN_OPTIONS``) read as if written after: ``train.rcft_weight`` is
-    ``plugin_options.rcft.weight`` (so an older run's config.json still loads and resumes)."""
-    train = data.get("train")
-    if not isinstance(train, dict) or not set(train) & set(MOVED_TRAIN_OPTIONS):
-        return data
-    out = {**data, "train": {k: v for k, v in train.items() if k not in MOVED_TRAIN_OPTIONS}}
-    moved = {k: v for k, v in train.items() if k in MOVED_TRAIN_OPTIONS}
-    plugin = {m: dict(o) for m, o in (data.get("plugin_options") or {}).items()}
-    for key, value in moved.items():
-        method, name = MOVED_TRAIN_OPTIONS[key]
-        plugin.setdefault(method, {}).setdefault(name, value)  # the new place wins
-    out["plugin_options"] = plugin
-    return out
+    return with_method_defaults(cfg)
 
 
 def parse_args(argv: list[str] | None = None) -> Config:
@@ -351,6 +337,8 @@ def parse_args(argv: list[str] | None = None) -> Config:
         else:
             nested[dest] = value
     cfg = from_dict(nested, cfg)
+    # an old command line's --cg-maxiter with --linear-solver neumann: Neumann's, as it was
+    cfg = legacy_flags(cfg, nested.get("plugin_options", {}))
     load_plugins(cfg.plugins)
     validate(cfg)
     return cfg
@@ -397,10 +385,10 @@ def options_markdown() -> str:
     """The options tables of docs/calm.md, from the fields (a test keeps the doc equal to it):
     one per section, then one per registered entry that declares its own options."""
     groups: dict[str, list[tuple[str, dataclasses.Field]]] = {}
-    for sec, f in _leaf_fields():
-        groups.setdefault(sec or "run", []).append((_flag(f), f))
-    for name, _obj, f in _plugin_fields(_with_method_defaults(Config())):
-        groups.setdefault(f"{name} (its own options)", []).append((_plugin_flag(name, f), f))
+    for sec, f in leaf_fields():
+        groups.setdefault(sec or "run", []).append((flag_of(f), f))
+    for name, _obj, f in plugin_fields(with_method_defaults(Config())):
+        groups.setdefault(f"{name} (its own options)", []).append((plugin_flag(name, f), f))
     blocks = []
     for title, entries in groups.items():
         rows = ["| flag | default | meaning |", "|---|---|---|"]

@@ -29,6 +29,7 @@ from ..data import (
 )
 from ..methods.upper import UPPER_LOSSES  # torch-free: the upper-loss table
 from ..option import opt
+from .entry_options import compared_entry_options, selectable_options
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
 
@@ -223,17 +224,11 @@ class CalmConfig:
     )
     inner_steps: int = opt(2, "inner (lower-level) gradient steps per outer step (T)")
     inner_lr: float = opt(0.05, "inner step size β on θ")
-    eta: float = opt(0.5, "BOME: φ = η‖∇q‖² (phi=grad_norm)")
-    phi: str = opt("grad_norm", "BOME control φ", choices=("grad_norm", "value_gap"))
-    c: float = opt(0.5, "BOME: φ = c·q (phi=value_gap)")
     gamma: float = opt(1.0, "calm_regularization: loss = CE − γ·entropy")
     linear_solver: str = opt(
         "cg", "AID: linear solver of ∇²g·v = ∇f (apps.calm_llm.solvers table; a plugin may add one)",
         choices=solvers.LINEAR_SOLVERS.names(),
     )
-    cg_maxiter: int = opt(5, "AID: iterations of the linear solver (CG; Neumann terms)")
-    cg_tol: float = opt(1e-6, "AID: tolerance of the linear solver (relative residual)")
-    itd_truncate: int = opt(0, "ITD: back-propagate through the last k inner steps (0 = all)")
 
 
 @dataclass
@@ -368,20 +363,17 @@ class Config:
         change because the saved predictions are re-evaluated with them.
         """
         out: dict[str, Any] = {}
-        for sec, f in _leaf_fields():
+        for sec, f in leaf_fields():
             if f.name in RUN_ONLY or f.name in EVAL_ONLY or f.name in SPLIT_ONLY \
                     or f.name in LAYOUT_ONLY:
                 continue
             # multiple-choice runs ignore the open-QA options: their hashes stay what they were
             if self.task == "mcqa" and (sec == "open_qa" or f.name == "task"):
                 continue
-            out[_flag(f)] = getattr(getattr(self, sec) if sec else self, f.name)
-        # an entry's own options change results only when it is used (other runs keep their hash)
-        used = {name for _, classes, in_use in _option_tables() for name in classes
-                if in_use(self, name)}
-        for name, obj, f in _plugin_fields(self):
-            if name in used:
-                out[_plugin_flag(name, f)] = getattr(obj, f.name)
+            out[flag_of(f)] = getattr(getattr(self, sec) if sec else self, f.name)
+        # an entry's own options change results only when it is used (other runs keep their
+        # hash); those that were section options are compared as they were (`entry_options`)
+        out.update(compared_entry_options(self))
         return out
 
     def save(self, run_dir: str | Path) -> Path:
@@ -422,9 +414,9 @@ def differences(saved: Config, now: Config) -> list[str]:
 SECTIONS = ("model", "data", "train", "calm", "open_qa")
 
 
-def _leaf_fields() -> list[tuple[str | None, dataclasses.Field]]:
+def leaf_fields() -> list[tuple[str | None, dataclasses.Field]]:
     """(section or None, field) for every built-in option, sections flattened (the methods' own
-    options are `_plugin_fields`)."""
+    options are `plugin_fields`)."""
     out: list[tuple[str | None, dataclasses.Field]] = []
     for f in fields(Config):
         if f.name == "plugin_options":
@@ -436,105 +428,16 @@ def _leaf_fields() -> list[tuple[str | None, dataclasses.Field]]:
     return out
 
 
-def _flag(f: dataclasses.Field) -> str:
+def flag_of(f: dataclasses.Field) -> str:
     return f.metadata.get("flag") or "--" + f.name.replace("_", "-")
 
 
-# methods whose options lived in `train` before they moved into the method (issue 27): they
-# are compared (and hashed) in every run, as they were, so that no run's hash changed
-ALWAYS_COMPARED = ("label_smoothing", "rcft")
-# a config.json written before that move names them in `train`: {old field: (method, field)}
-MOVED_TRAIN_OPTIONS = {
-    "label_smoothing": ("label_smoothing", "epsilon"),
-    "label_smoothing_scope": ("label_smoothing", "scope"),
-    "rcft_weight": ("rcft", "weight"),
-    "rcft_scale": ("rcft", "scale"),
-    "rcft_bins": ("rcft", "bins"),
-    "rcft_reestimate_every": ("rcft", "reestimate_every"),
-    "rcft_include_top_bin": ("rcft", "include_top_bin"),
-}
-
-
-def _declared(table: Any) -> dict[str, type]:
-    """{name: options dataclass} of the entries of a registry that declare one."""
-    return {n: i.options for n, i in table.items() if getattr(i, "options", None) is not None}
-
-
-# the α options every run has (``--alpha-form``, ``--alpha-positivity``, ``--alpha-tau-max``)
-ALPHA_RUN_OPTIONS = ("form", "positivity", "tau_max")
-_ALPHA_CLASSES: dict[tuple[str, int], type] = {}
-
-
-def _alpha_options() -> dict[str, type]:
-    """{name: options dataclass} of the α parameterizations that declare options beyond
-    `ALPHA_RUN_OPTIONS` (a plugin's): one field per such `alpha_table.Option`, its default and
-    choices, so it gets a ``--<name>-<option>`` flag like every entry's own option."""
-    out: dict[str, type] = {}
-    for name, spec in alpha_table.SPECS.items():
-        extra = {k: o for k, o in spec.options.items() if k not in ALPHA_RUN_OPTIONS}
-        if not extra:
-            continue
-        key = (name, id(spec))  # one class per registration: a replaced entry gets its own
-        if key not in _ALPHA_CLASSES:
-            _ALPHA_CLASSES[key] = dataclasses.make_dataclass(f"{name}_options", [
-                (k, type(o.default), opt(o.default, f"α {name}: its option {k!r}",
-                                         choices=tuple(o.choices) if o.choices else None))
-                for k, o in extra.items()])
-        out[name] = _ALPHA_CLASSES[key]
-    return out
-
-
-def _option_tables() -> tuple[tuple[str, dict[str, type], Any], ...]:
-    """(kind, {name: options dataclass}, in_use(cfg, name)) of every table whose entries may
-    declare options: an entry's options are compared on resume (and hashed) only when
-    ``in_use``."""
-    return (
-        ("method", _declared(methods.METHODS),
-         lambda cfg, name: name in cfg.methods or name in ALWAYS_COMPARED),
-        ("solver", _declared(solvers.SOLVERS), lambda cfg, name: cfg.calm.solver == name),
-        ("linear solver", _declared(solvers.LINEAR_SOLVERS),
-         lambda cfg, name: cfg.calm.linear_solver == name),
-        ("upper loss", _declared(UPPER_LOSSES), lambda cfg, name: cfg.calm.upper_loss == name),
-        ("alpha parameterization", _alpha_options(),
-         lambda cfg, name: cfg.calm.alpha_param == name),
-    )
-
-
-def _option_classes() -> dict[str, type]:
-    """{name: options dataclass} of every registered entry that declares one."""
-    out: dict[str, type] = {}
-    for kind, classes, _ in _option_tables():
-        for name, cls in classes.items():
-            if name in out and out[name] is not cls:  # one flag namespace: --<name>-<field>
-                raise ConfigError(f"{kind} {name!r} declares options, and so does another "
-                                  "entry of that name: rename one (flags are --<name>-<field>)")
-            out[name] = cls
-    return out
-
-
-def _plugin_flag(method: str, f: dataclasses.Field) -> str:
-    return f.metadata.get("flag") or f"--{method}-{f.name}".replace("_", "-")
-
-
-def _plugin_fields(cfg: Config) -> list[tuple[str, Any, dataclasses.Field]]:
-    """(method, its options object, field) for every option of a method's own options."""
-    return [(m, obj, f) for m, obj in cfg.plugin_options.items() for f in fields(obj)]
-
-
-def _with_method_defaults(cfg: Config) -> Config:
-    """Add the defaults of every registered method's options that `cfg` does not hold yet."""
-    for method, cls in _option_classes().items():
-        if method not in cfg.plugin_options:
-            cfg.plugin_options[method] = cls()
-    return cfg
-
-
-def _type_of(f: dataclasses.Field) -> type:
+def type_of(f: dataclasses.Field) -> type:
     default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
     return type(default)
 
 
-def _check(ok: bool, msg: str) -> None:
+def require(ok: bool, msg: str) -> None:
     if not ok:
         raise ConfigError(msg)
 
@@ -542,7 +445,7 @@ def _check(ok: bool, msg: str) -> None:
 def _kv(name: str, entries: list[str]) -> dict[str, str]:
     out = {}
     for e in entries:
-        _check("=" in e, f"--{name}: expected NAME=VALUE, got {e!r}")
+        require("=" in e, f"--{name}: expected NAME=VALUE, got {e!r}")
         k, v = e.split("=", 1)
         out[k] = v
     return out
@@ -569,11 +472,19 @@ def calib_batch_size(cfg: Config) -> int:
 
 
 def with_overrides(cfg: Config, point: dict[str, Any]) -> Config:
-    """A copy of `cfg` with ``{section.field: value}`` applied."""
-    out = dataclasses.replace(cfg, **{s: dataclasses.replace(getattr(cfg, s)) for s in SECTIONS})
+    """A copy of `cfg` with ``{section.field: value}`` applied; ``calm.<name>`` may also name a
+    solver's or linear solver's own option by its select name (``calm.eta``, `--select`)."""
+    out = dataclasses.replace(cfg, **{s: dataclasses.replace(getattr(cfg, s)) for s in SECTIONS},
+                              plugin_options=dict(cfg.plugin_options))
+    entries = selectable_options()
     for key, value in point.items():
         sec, name = key.split(".")
-        setattr(getattr(out, sec), name, value)
+        if sec == "calm" and name not in CalmConfig.__dataclass_fields__ and name in entries:
+            entry, f = entries[name]
+            out.plugin_options[entry] = dataclasses.replace(out.plugin_options[entry],
+                                                            **{f.name: value})
+        else:
+            setattr(getattr(out, sec), name, value)
     return out
 
 

@@ -15,19 +15,18 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import ConfigError
-from .. import methods, task_table
+from .. import methods, solvers, task_table
 from ..data import open_qa, sources
+from .entry_options import plugin_fields, plugin_flag, selectable_options
 from .schema import (
     Config,
     ModelConfig,
-    _check,
-    _flag,
-    _leaf_fields,
-    _plugin_fields,
-    _plugin_flag,
-    _type_of,
     data_files,
     data_hub,
+    flag_of,
+    leaf_fields,
+    require,
+    type_of,
     with_overrides,
 )
 
@@ -45,6 +44,11 @@ def validate(cfg: Config) -> None:
     _check_train(cfg)
     for check in dict.fromkeys(i.validate for i in methods.METHODS.values() if i.validate):
         check(cfg)
+    # each solver's and linear solver's own options (`SolverInfo.validate`), a plugin's alike
+    for table in (solvers.SOLVERS, solvers.LINEAR_SOLVERS):
+        for info in table.values():
+            if getattr(info, "validate", None) is not None:
+                info.validate(cfg)
     select_grid(cfg)  # raises ConfigError for a bad --select
     _check_combinations(cfg)
     _check_paths(cfg)  # last: a combination that cannot work is worth saying before a typo'd path
@@ -59,9 +63,9 @@ def trained(cfg: Config) -> list[str]:
 def _check_fields(cfg: Config) -> None:
     """Every option alone (the methods' own too): one of its choices, finite, and (but
     --split-seed) not negative."""
-    every = [(getattr(cfg, sec) if sec else cfg, f, _flag(f), False) for sec, f in _leaf_fields()]
+    every = [(getattr(cfg, sec) if sec else cfg, f, flag_of(f), False) for sec, f in leaf_fields()]
     # a method's own options may be negative: its `validate` says what they may not be
-    every += [(obj, f, _plugin_flag(m, f), True) for m, obj, f in _plugin_fields(cfg)]
+    every += [(obj, f, plugin_flag(m, f), True) for m, obj, f in plugin_fields(cfg)]
     for obj, f, name, sign_free in every:
         value = getattr(obj, f.name)
         choices = f.metadata.get("choices")
@@ -79,24 +83,24 @@ def _check_fields(cfg: Config) -> None:
 def _check_run(cfg: Config) -> None:
     """The run's own options: known methods, seeds, bins, device, optional packages."""
     known = methods.names()
-    _check(len(cfg.methods) > 0, "--methods: give at least one method")
+    require(len(cfg.methods) > 0, "--methods: give at least one method")
     for m in cfg.methods:
-        _check(m in known, f"--methods: unknown method {m!r} (known: {list(known)})")
-    _check(len(set(cfg.methods)) == len(cfg.methods), "--methods: a method is listed twice")
-    _check(cfg.split_seed >= -1, f"--split-seed: must be >= 0, or -1 to follow --seed, got "
+        require(m in known, f"--methods: unknown method {m!r} (known: {list(known)})")
+    require(len(set(cfg.methods)) == len(cfg.methods), "--methods: a method is listed twice")
+    require(cfg.split_seed >= -1, f"--split-seed: must be >= 0, or -1 to follow --seed, got "
            f"{cfg.split_seed}")
-    _check(cfg.n_bins >= 1, f"--n-bins: must be at least 1, got {cfg.n_bins}")
-    _check(cfg.n_bins <= MAX_BINS, f"--n-bins: at most {MAX_BINS:,}, got {cfg.n_bins:,} (each "
+    require(cfg.n_bins >= 1, f"--n-bins: must be at least 1, got {cfg.n_bins}")
+    require(cfg.n_bins <= MAX_BINS, f"--n-bins: at most {MAX_BINS:,}, got {cfg.n_bins:,} (each "
            "ECE holds n_bins·K float64 sums per evaluation set)")
     # one resample has no spread: the interval's quantiles need at least two
-    _check(cfg.n_boot != 1, "--n-boot: must be 0 (no intervals) or at least 2, got 1")
-    _check(cfg.n_boot <= MAX_BOOT, f"--n-boot: at most {MAX_BOOT:,} resamples, got "
+    require(cfg.n_boot != 1, "--n-boot: must be 0 (no intervals) or at least 2, got 1")
+    require(cfg.n_boot <= MAX_BOOT, f"--n-boot: at most {MAX_BOOT:,} resamples, got "
            f"{cfg.n_boot:,} (each is one metric evaluation per metric and evaluation set)")
-    _check(DEVICE.fullmatch(cfg.device) is not None,
+    require(DEVICE.fullmatch(cfg.device) is not None,
            f"--device: {cfg.device!r} is not one of auto, cpu, mps, cuda, cuda:N")
     _check_device_present(cfg.device)
     if cfg.report_to == "tensorboard":
-        _check(importlib.util.find_spec("tensorboard") is not None,
+        require(importlib.util.find_spec("tensorboard") is not None,
                "--report-to tensorboard: needs the tensorboard package (pip install tensorboard)")
 
 
@@ -117,26 +121,26 @@ def _check_device_present(device: str) -> None:
     if device.startswith("cuda"):
         n = torch.cuda.device_count() if torch.cuda.is_available() else 0
         index = int(device.split(":")[1]) if ":" in device else 0
-        _check(index < n, f"--device {device}: this machine has "
+        require(index < n, f"--device {device}: this machine has "
                f"{'no CUDA device' if n == 0 else f'{n} CUDA device(s) (0..{n - 1})'}"
                " (or torch was built without CUDA); use --device cpu or auto")
     else:
-        _check(torch.backends.mps.is_available(),
+        require(torch.backends.mps.is_available(),
                f"--device {device}: MPS is not available here; use --device cpu or auto")
 
 
 def _check_model(m: ModelConfig) -> None:
-    _check(m.max_length >= 8, "--max-length: must be at least 8")
-    _check(m.lora_r >= 1, "--lora-r: must be at least 1")
-    _check(m.lora_alpha > 0, "--lora-alpha: must be positive")
-    _check(m.lora_dropout < 1, "--lora-dropout: must be < 1")
-    _check(len(m.lora_target_modules) > 0, "--lora-target-modules: give at least one module")
-    _check(m.tiny_hidden >= 8 and m.tiny_layers >= 1, "--tiny-hidden/--tiny-layers too small")
+    require(m.max_length >= 8, "--max-length: must be at least 8")
+    require(m.lora_r >= 1, "--lora-r: must be at least 1")
+    require(m.lora_alpha > 0, "--lora-alpha: must be positive")
+    require(m.lora_dropout < 1, "--lora-dropout: must be < 1")
+    require(len(m.lora_target_modules) > 0, "--lora-target-modules: give at least one module")
+    require(m.tiny_hidden >= 8 and m.tiny_layers >= 1, "--tiny-hidden/--tiny-layers too small")
     # the tiny model has 4 attention heads of even size (rotary embeddings pair the dimensions)
-    _check(m.tiny_hidden % 8 == 0,
+    require(m.tiny_hidden % 8 == 0,
            f"--tiny-hidden: must be a multiple of 8 (4 heads of even size), got {m.tiny_hidden}")
     if m.quantization != "none":
-        _check(
+        require(
             importlib.util.find_spec("bitsandbytes") is not None,
             f"--quantization {m.quantization}: needs the bitsandbytes package "
             "(pip install bitsandbytes; CUDA only)",
@@ -147,12 +151,12 @@ def _check_data(cfg: Config) -> None:
     """Sources are known (or given a file / hub name), split sizes can be drawn."""
     d = cfg.data
     # the collator letters options A..J
-    _check(2 <= d.max_options <= 10, f"--max-options: must be in 2..10, got {d.max_options}")
-    _check(len(d.in_domain) > 0, "--in-domain: give at least one source")
+    require(2 <= d.max_options <= 10, f"--max-options: must be in 2..10, got {d.max_options}")
+    require(len(d.in_domain) > 0, "--in-domain: give at least one source")
     both = sorted(set(d.in_domain) & set(d.out_of_domain))
-    _check(not both, f"--in-domain and --out-of-domain share {both}: a set is one or the other")
+    require(not both, f"--in-domain and --out-of-domain share {both}: a set is one or the other")
     if d.out_of_domain:
-        _check(d.n_ood >= 1, "--n-ood: need at least 1 question per out-of-domain source "
+        require(d.n_ood >= 1, "--n-ood: need at least 1 question per out-of-domain source "
                "(or give no --out-of-domain sources)")
     files, hub = data_files(cfg), data_hub(cfg)
     _check_methods_apply(cfg)
@@ -160,13 +164,13 @@ def _check_data(cfg: Config) -> None:
         _check_open_qa(cfg, files, hub)
         return
     for src in [*d.in_domain, *d.out_of_domain]:
-        _check(
+        require(
             src in sources.source_names("mcqa") or src in files or src in hub,
             f"unknown MCQA source {src!r}: one of {list(sources.source_names())}, or give its file with "
             f"--data-files {src}=PATH or its hub name with --data-hub {src}=ORG/NAME",
         )
     if d.instruction_data:
-        _check(
+        require(
             d.instruction_data in files or d.instruction_data in hub
             # a registered instruction source with an offline copy (e.g. trivia_qa_sft)
             or d.instruction_data in open_qa.offline_instruction_sources(),
@@ -174,15 +178,15 @@ def _check_data(cfg: Config) -> None:
             f"{d.instruction_data}=PATH or its hub name with --data-hub, or name an offline "
             f"instruction source: {list(open_qa.offline_instruction_sources())}",
         )
-    _check(d.n_calib >= 2, "--n-calib: need at least 2 calibration questions")
-    _check(d.n_test >= 1, "--n-test: need at least 1 test question per in-domain source")
+    require(d.n_calib >= 2, "--n-calib: need at least 2 calibration questions")
+    require(d.n_test >= 1, "--n-test: need at least 1 test question per in-domain source")
 
 
 def _check_methods_apply(cfg: Config) -> None:
     """Every --methods entry applies to --task (its ``MethodInfo.tasks``)."""
     table = methods.METHODS
     for m in cfg.methods:
-        _check(m not in table or task_table.applies(table[m].tasks, cfg.task),
+        require(m not in table or task_table.applies(table[m].tasks, cfg.task),
                f"--methods {m}: does not apply to --task {cfg.task} ({m} runs under --task "
                f"{' / '.join(table[m].tasks or ())}); methods of --task {cfg.task}: "
                f"{[n for n, i in table.items() if task_table.applies(i.tasks, cfg.task)]}")
@@ -193,24 +197,24 @@ def _check_open_qa(cfg: Config, files: dict[str, str], hub: dict[str, str]) -> N
 
     d, q = cfg.data, cfg.open_qa
     for src in [*d.in_domain, *d.out_of_domain]:
-        _check(
+        require(
             src in open_qa.open_qa_source_names(offline=True) or src in files or src in hub,
             f"--task open_qa: {src!r} is not an open-QA source available offline (offline: "
             f"{list(open_qa.open_qa_source_names(offline=True))}); give its file with "
             f"--data-files {src}=PATH or its hub name with --data-hub {src}=ORG/NAME",
         )
-    _check(not d.instruction_data, "--task open_qa trains on the open-QA questions themselves; "
+    require(not d.instruction_data, "--task open_qa trains on the open-QA questions themselves; "
            "drop --instruction-data")
-    _check(d.n_calib >= 2, "--n-calib: need at least 2 calibration questions")
-    _check(d.n_test >= 1, "--n-test: need at least 1 test question per in-domain source")
-    _check(q.n_samples >= 2, f"--n-samples: need at least 2 samples per question, got {q.n_samples}")
-    _check(q.sample_temperature > 0, "--sample-temperature: must be positive")
-    _check(0 < q.top_p <= 1, f"--top-p: must be in (0, 1], got {q.top_p}")
-    _check(q.max_new_tokens >= 1 and q.gen_batch_size >= 1,
+    require(d.n_calib >= 2, "--n-calib: need at least 2 calibration questions")
+    require(d.n_test >= 1, "--n-test: need at least 1 test question per in-domain source")
+    require(q.n_samples >= 2, f"--n-samples: need at least 2 samples per question, got {q.n_samples}")
+    require(q.sample_temperature > 0, "--sample-temperature: must be positive")
+    require(0 < q.top_p <= 1, f"--top-p: must be in (0, 1], got {q.top_p}")
+    require(q.max_new_tokens >= 1 and q.gen_batch_size >= 1,
            "--max-new-tokens and --gen-batch-size: must be at least 1")
-    _check(0 < q.cluster_threshold <= 1, "--cluster-threshold: must be in (0, 1]")
-    _check(q.split_half_splits >= 1, "--split-half-splits: must be at least 1")
-    _check((q.match == "judge") == bool(q.judge_model),
+    require(0 < q.cluster_threshold <= 1, "--cluster-threshold: must be in (0, 1]")
+    require(q.split_half_splits >= 1, "--split-half-splits: must be at least 1")
+    require((q.match == "judge") == bool(q.judge_model),
            "--match judge needs --judge-model NAME (a hub name, folder, smollm2 or tiny)"
            if q.match == "judge" else
            f"--judge-model is read only with --match judge (got --match {q.match})")
@@ -221,22 +225,22 @@ def _check_train(cfg: Config) -> None:
     t = cfg.train
     trains = trained(cfg)
     if trains:
-        _check(t.steps >= 1, f"--steps: must be >= 1 to train {trains}")
-        _check(cfg.data.n_train >= 1, f"--n-train: must be >= 1 to train {trains}")
-    _check(t.lr > 0, f"--lr: must be positive, got {t.lr}")
-    _check(t.batch_size >= 1 and t.eval_batch_size >= 1, "batch sizes must be at least 1")
-    _check(t.eval_tokens >= 1, f"--eval-tokens: must be at least 1, got {t.eval_tokens}")
-    _check(t.grad_accum >= 1, "--grad-accum: must be at least 1")
-    _check(t.warmup_ratio < 1, "--warmup-ratio: must be < 1")
+        require(t.steps >= 1, f"--steps: must be >= 1 to train {trains}")
+        require(cfg.data.n_train >= 1, f"--n-train: must be >= 1 to train {trains}")
+    require(t.lr > 0, f"--lr: must be positive, got {t.lr}")
+    require(t.batch_size >= 1 and t.eval_batch_size >= 1, "batch sizes must be at least 1")
+    require(t.eval_tokens >= 1, f"--eval-tokens: must be at least 1, got {t.eval_tokens}")
+    require(t.grad_accum >= 1, "--grad-accum: must be at least 1")
+    require(t.warmup_ratio < 1, "--warmup-ratio: must be < 1")
 
 
 def _check_combinations(cfg: Config) -> None:
     """What no section rules out alone: sharding with quantized weights or second order."""
     if cfg.fsdp:
-        _check(cfg.model.quantization == "none",
+        require(cfg.model.quantization == "none",
                f"--fsdp with --quantization {cfg.model.quantization}: quantized base weights "
                "cannot be sharded; use --fsdp in bf16, or DDP (no --fsdp) with --quantization 4bit")
-        _check(not needs_second_order(cfg),
+        require(not needs_second_order(cfg),
                f"--fsdp with --solver {cfg.calm.solver}: the second-order solvers run "
                "single-process only")
 
@@ -256,20 +260,20 @@ def _check_paths(cfg: Config) -> None:
     for e in cfg.data.data_files:
         if "=" in e:
             name, path = e.split("=", 1)
-            _check(Path(path).is_file(), f"--data-files {e}: no such file {path!r} for {name!r}")
+            require(Path(path).is_file(), f"--data-files {e}: no such file {path!r} for {name!r}")
     model = cfg.model.name_or_path
     if model not in ("smollm2", "tiny") and not model.startswith("random:"):  # random: synthetic.py
         if model.startswith(_PATH_LIKE) or Path(model).exists():
-            _check(Path(model).expanduser().is_dir(),
+            require(Path(model).expanduser().is_dir(),
                    f"--model {model}: no such folder (give a model folder, a hub name ORG/NAME, "
                    "'smollm2' or 'tiny')")
         else:
-            _check(_HUB_NAME.fullmatch(model) is not None,
+            require(_HUB_NAME.fullmatch(model) is not None,
                    f"--model {model!r}: neither a folder nor a hub name of the form ORG/NAME")
     for flag, value in (("--out", cfg.out), ("--resume", cfg.resume)):
-        _check(not value or not Path(value).exists() or Path(value).is_dir(),
+        require(not value or not Path(value).exists() or Path(value).is_dir(),
                f"{flag} {value}: a file is there, not a run directory; choose another path")
-    _check(not cfg.force_resume or bool(cfg.resume), "--force-resume: only with --resume DIR")
+    require(not cfg.force_resume or bool(cfg.resume), "--force-resume: only with --resume DIR")
 
 
 def needs_second_order(cfg: Config) -> bool:
@@ -282,35 +286,39 @@ def select_grid(cfg: Config) -> list[dict[str, Any]]:
     """``--select KEY=V1,V2 ...`` as the list of ``{section.field: value}`` points of the grid
     (the cartesian product of the entries); ``[]`` without --select.
 
-    Keys are option names as in the CLI without dashes (``eta``, ``alpha_lr``, ``alpha-decay``);
+    Keys are option names as in the CLI without dashes (``eta``, ``alpha_lr``, ``alpha-decay``;
+    a solver's own options by their flag, ``eta``, ``itd_truncate``: ``calm.eta`` in a point);
     values are parsed with the option's type and validated like the option itself.
     """
     if not cfg.select:
         return []
-    by_name = {f.name: (sec, f) for sec, f in _leaf_fields() if sec}
+    by_name = {f.name: (sec, f) for sec, f in leaf_fields() if sec}
+    # the solvers' own options, which were calm options: ``eta``, ``itd_truncate``, ``cg_maxiter``
+    by_name.update({k: ("calm", f) for k, (_, f) in selectable_options().items()
+                    if k not in by_name})
     axes: list[list[tuple[str, Any]]] = []
     seen: set[str] = set()
     for entry in cfg.select:
-        _check("=" in entry, f"--select: expected KEY=V1,V2,..., got {entry!r}")
+        require("=" in entry, f"--select: expected KEY=V1,V2,..., got {entry!r}")
         key, values = entry.split("=", 1)
         key = key.strip().lstrip("-").replace("-", "_")
-        _check(key in by_name and by_name[key][0] in ("train", "calm"),
+        require(key in by_name and by_name[key][0] in ("train", "calm"),
                f"--select {entry}: {key!r} is not a train or calm option")
-        _check(key not in seen, f"--select: {key!r} is given twice")
+        require(key not in seen, f"--select: {key!r} is given twice")
         seen.add(key)
         sec, f = by_name[key]
-        t = _type_of(f)
-        _check(t in (int, float, str), f"--select {entry}: {key} is not a number or choice option")
+        t = type_of(f)
+        require(t in (int, float, str), f"--select {entry}: {key} is not a number or choice option")
         parsed = []
         for v in (x.strip() for x in values.split(",")):
             try:
                 parsed.append(t(v))
             except ValueError:
                 raise ConfigError(f"--select {entry}: {v!r} is not a valid {t.__name__}") from None
-        _check(len(parsed) >= 2 and len(set(parsed)) == len(parsed),
+        require(len(parsed) >= 2 and len(set(parsed)) == len(parsed),
                f"--select {entry}: give at least two distinct values")
         axes.append([(f"{sec}.{key}", v) for v in parsed])
-    _check(bool(trained(cfg)),
+    require(bool(trained(cfg)),
            "--select: no trained method in --methods to select for")
 
     points = [dict(p) for p in itertools.product(*axes)]

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import math
 from collections.abc import Iterator
 from typing import Any
 
@@ -142,15 +141,17 @@ def make_solver(ctx: Context):
     return solvers.build_solver(ctx.cfg)
 
 
-# the built-in entries of the solver tables: ``factory(cfg)``
+# the built-in entries of the solver tables: ``factory(cfg)``, reading their own options
+# (``cfg.options_of(name)``) as a plugin's factory does; each linear solver returns the
+# ``solve(matvec, b, init=None) -> (x, info)`` callable of `LinearSolverInfo`'s contract
 def bome_solver(cfg: Any) -> bilevel.BOME:
-    c = cfg.calm
-    return bilevel.BOME(inner_steps=c.inner_steps, inner_lr=c.inner_lr, eta=c.eta, phi=c.phi, c=c.c)
+    c, o = cfg.calm, cfg.options_of("bome")
+    return bilevel.BOME(inner_steps=c.inner_steps, inner_lr=c.inner_lr, eta=o.eta, phi=o.phi, c=o.c)
 
 
 def itd_solver(cfg: Any) -> bilevel.ITD:
-    c = cfg.calm
-    return bilevel.ITD(inner_steps=c.inner_steps, inner_lr=c.inner_lr, truncate=c.itd_truncate or None)
+    c, o = cfg.calm, cfg.options_of("itd")
+    return bilevel.ITD(inner_steps=c.inner_steps, inner_lr=c.inner_lr, truncate=o.truncate or None)
 
 
 def aid_solver(cfg: Any) -> bilevel.AID:
@@ -159,16 +160,17 @@ def aid_solver(cfg: Any) -> bilevel.AID:
                        linear_solver=solvers.build_linear_solver(cfg))
 
 
-def cg_linear_solver(cfg: Any) -> bilevel.linalg.CG:
-    return bilevel.linalg.CG(maxiter=cfg.calm.cg_maxiter, tol=cfg.calm.cg_tol)
+def cg_linear_solver(cfg: Any) -> bilevel.linalg.LinearSolve:
+    o = cfg.options_of("cg")
+    return bilevel.linalg.solve_cg(maxiter=o.maxiter, tol=o.tol)
 
 
-def neumann_linear_solver(cfg: Any) -> Any:
-    c = cfg.calm
-    return bilevel.linalg.solve_neumann(steps=c.cg_maxiter, lr=c.inner_lr, tol=c.cg_tol)
+def neumann_linear_solver(cfg: Any) -> bilevel.linalg.LinearSolve:
+    o = cfg.options_of("neumann")
+    return bilevel.linalg.solve_neumann(steps=o.terms, lr=cfg.calm.inner_lr, tol=o.tol)
 
 
-def dense_linear_solver(cfg: Any) -> Any:
+def dense_linear_solver(cfg: Any) -> bilevel.linalg.LinearSolve:
     return bilevel.linalg.solve_dense()
 
 
@@ -306,13 +308,16 @@ class Calm(Method):
             with bilevel.distributed.data_parallel(False):
                 res = self.solver.step(self.problem, outer, inner,
                                        upper_batch=upper_batch, lower_batch=lower_batch)
+            # the contract the app reads, checked on every step (dict look-ups): a solver
+            # without info["lower_loss"] is named here, not as a "non-finite loss" later
+            solvers.check_step(self.ctx.cfg.calm.solver, res, outer, inner)
             # the solver's directions, not a loss, are what θ and α follow
             _accumulate(params, res.inner_grad, 1.0 / accum)
             _accumulate(self.alpha.params, res.outer_grad, 1.0 / accum)
             return res.info
 
         info = self.accumulate(micro_step)
-        info["loss"] = info.get("lower_loss", info.get("lower", math.nan))
+        info["loss"] = info["lower_loss"]  # `solvers.REQUIRED_INFO`: every step reported it
         self.apply_step()
         return self.record(info)
 

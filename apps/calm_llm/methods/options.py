@@ -91,17 +91,12 @@ def validate_rcft(cfg: Any) -> None:
 
 
 def validate_calm(cfg: Any) -> None:
-    """The ``calm.*`` options: step sizes, solver settings, and where α acts against what the
-    upper objective reads."""
+    """The ``calm.*`` options: step sizes and where α acts against what the upper objective
+    reads (each solver's own options: its ``SolverInfo.validate``)."""
     c, d = cfg.calm, cfg.data
     _check(c.alpha_lr > 0, f"--alpha-lr: must be positive, got {c.alpha_lr}")
     _check(c.inner_lr > 0, f"--inner-lr: must be positive, got {c.inner_lr}")
     _check(c.inner_steps >= 1, "--inner-steps: must be at least 1")
-    _check(c.cg_maxiter >= 1, "--cg-maxiter: must be at least 1")
-    if c.solver == "itd":
-        _check(c.itd_truncate <= c.inner_steps,
-               f"--itd-truncate {c.itd_truncate}: more than the {c.inner_steps} inner steps "
-               "(--inner-steps); use at most that many, or 0 for all")
     if c.alpha_support == "options":
         _check(
             d.mode == "letter",
