@@ -61,3 +61,17 @@ def test_closed_form_metrics_match_a_dense_float64_solve():
     dist = float((z_star - z).square().sum())
     assert abs(m["inner_distance"] - dist) <= 1e-10 * dist
     assert abs(m["func"] - float(h(x))) <= 1e-10 * max(1.0, abs(float(h(x))))
+
+
+def test_the_bench_names_a_missing_peer_package(monkeypatch):
+    import importlib.util
+
+    import pytest
+
+    from bench import benchopt_bilevel
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "benchopt" else real(name, *a))
+    with pytest.raises(SystemExit, match="needs the package 'benchopt'"):
+        benchopt_bilevel.require_peers()
