@@ -285,7 +285,10 @@ def render(cases: list[Case], records: list[dict[str, Any]]) -> str:
              "float64, one thread. Times were taken beside other jobs on a shared CPU (the "
              "methods round-robin by `bench.harness.time_alternating`, so the ratios within one "
              "run are what to read). To rerun alone: `OMP_NUM_THREADS=1 python -m "
-             "bench.peers_nonconvex` (betty via `BETTY_PATH`, see bench/libs/betty_lib.py).", ""]
+             "bench.peers_nonconvex` (betty via `BETTY_PATH`, see bench/libs/betty_lib.py). "
+             "torchopt's `FutureWarning` is its own use of the deprecated `functorch.vjp`; "
+             "\"ConvergenceWarning\" is bilevel's (CG: negative curvature; NormalCG: not "
+             f"converged in {ITERS} iterations).", ""]
     for case in cases:
         eig = torch.linalg.eigvalsh(case.hessian)
         lines += [f"## {case.name}: {case.note}", "",
