@@ -188,7 +188,7 @@ def _torchopt_run(case: Case, solve_name: str) -> Callable[[], torch.Tensor]:
 
     def run() -> torch.Tensor:
         a = case.alpha.detach().requires_grad_(True)
-        theta = solution(tuple(case.theta[k].detach() for k in keys), a)
+        theta: Any = solution(tuple(case.theta[k].detach() for k in keys), a)  # a tuple, as given
         return torch.autograd.grad(case.upper(a, dict(zip(keys, theta)), case.val), a)[0]
 
     return run
@@ -197,7 +197,7 @@ def _torchopt_run(case: Case, solve_name: str) -> Callable[[], torch.Tensor]:
 def _betty_run(case: Case, kind: str, lr: float) -> Callable[[], torch.Tensor]:
     from types import SimpleNamespace
 
-    from betty.hypergradient import get_grads
+    from betty.hypergradient import get_grads  # type: ignore[import-not-found]  # BETTY_PATH
 
     keys = list(case.theta)
     config = SimpleNamespace(type=kind, cg_iterations=ITERS, cg_alpha=1.0,
