@@ -299,7 +299,7 @@ def time_to(curve: list[dict[str, float]], tol: float, key: str = "time") -> flo
     return next((c[key] for c in curve if c["value"] <= tol), None)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0])
     parser.add_argument("--benchmark-dir", type=Path, required=True,
                         help="a checkout of github.com/benchopt/benchmark_bilevel")
@@ -313,7 +313,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--solvers", nargs="+", default=[*PARAMS, "AID-CG"])
     parser.add_argument("--check", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path, default=harness.RESULTS / "benchopt_bilevel")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Check the port against the benchmark, run every solver in both libraries, write the
+    JSON, the table and the PNG."""
+    args = _parser().parse_args(argv)
     args.benchmark_dir = args.benchmark_dir.resolve()
     require_peers()
     torch.set_num_threads(1)

@@ -341,6 +341,8 @@ def label_nll(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
 
 # the one table of these losses (torch-free, with what each acts on): `calibration.loss_table`
 CALIBRATION_LOSSES: Registry[CalibrationLoss] = LOSSES
+"""The one table of calibration (upper) losses, ``calibration.loss_table.LOSSES`` itself, under
+the name this module has always exported."""
 
 
 def calibration_loss(name: str) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:

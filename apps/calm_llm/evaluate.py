@@ -152,7 +152,7 @@ def render_table(results: Mapping[str, Mapping[str, Mapping[str, Any]]]) -> str:
                  "|" + "|".join(["---"] + [":---:"] * (len(header) - 1)) + "|"]
         lines += ["| " + " | ".join(r) + " |" for r in rows]
         blocks.append("\n".join(lines))
-        blocks.append(_every_metric(results, methods, datasets, DOMAIN_TITLES.get(dom, dom)))
+        blocks.append(_every_metric(results, methods, datasets, dom))
     return "\n\n".join(blocks) + "\n"
 
 
@@ -162,7 +162,7 @@ def _every_metric(results: Mapping[str, Mapping[str, Mapping[str, Any]]], method
     read from that table, so a metric added there appears here with no edit), one row per
     method and dataset; the best of each (dataset, metric) with a direction in bold."""
     cols = metrics.SUMMARY
-    lines = [f"#### {title}: every metric", "",
+    lines = [f"#### Every metric ({title})", "",
              "| Method | Dataset | " + " | ".join(
                  f"{m.label} {'↑' if m.better == 'max' else '↓' if m.better == 'min' else ''}".rstrip()
                  for m in cols) + " |",
