@@ -95,10 +95,12 @@ def hyper_cleaning_mlp(seed: int = 0, n: int = 40, steps: int = 30, lr: float = 
                    (x_va, y_va), hessian, exact)
 
 
-def dense_implicit(alpha: torch.Tensor, theta: dict[str, torch.Tensor], train: Any,
-                   val: Any) -> tuple[torch.Tensor, torch.Tensor]:
+def dense_implicit(alpha: torch.Tensor, theta: dict[str, torch.Tensor], train: Any, val: Any,
+                   *, upper: Any = upper, lower: Any = lower) -> tuple[torch.Tensor, torch.Tensor]:
     """(H, dF/dα): H = ∇²_θθ g by ``torch.func.hessian`` on the flattened θ, v = H⁻¹ ∇_θ f by
-    ``torch.linalg.solve``, dF/dα = ∇_α f − ∇²_αθ g · v (∇_α f = 0 here)."""
+    ``torch.linalg.solve``, dF/dα = ∇_α f − ∇²_αθ g · v, independently of ``bilevel.linalg``.
+    ``upper``/``lower`` default to this module's hyper-cleaning objectives (∇_α f = 0 there);
+    bench/peers_nonconvex.py passes its DARTS ones."""
     keys = list(theta)
     sizes = [theta[k].numel() for k in keys]
     flat = torch.cat([theta[k].reshape(-1) for k in keys])
@@ -107,11 +109,12 @@ def dense_implicit(alpha: torch.Tensor, theta: dict[str, torch.Tensor], train: A
         return {k: p.reshape(theta[k].shape) for k, p in zip(keys, t.split(sizes))}
 
     hessian = torch.func.hessian(lambda t: lower(alpha, unflat(t), train))(flat)
-    f_theta = torch.func.grad(lambda t: upper(alpha, unflat(t), val))(flat)
+    f_theta, f_alpha = torch.func.grad(lambda t, a: upper(a, unflat(t), val), argnums=(0, 1))(
+        flat, alpha)
     v = torch.linalg.solve(hessian, f_theta)
     g_theta = torch.func.grad(lambda a, t: lower(a, unflat(t), train), argnums=1)
     mixed = torch.func.vjp(lambda a: g_theta(a, flat), alpha)[1](v)[0]
-    return hessian, -mixed
+    return hessian, f_alpha - mixed
 
 
 SOLVERS = {

@@ -68,26 +68,6 @@ class Case:
     note: str
 
 
-def dense_implicit(upper: Lower, lower: Lower, alpha: torch.Tensor, theta: dict[str, torch.Tensor],
-                   train: Any, val: Any) -> tuple[torch.Tensor, torch.Tensor]:
-    """(H, dF/dα) with H = ∇²_θθ g (P×P, flattened θ), v = H⁻¹ ∇_θ f by ``torch.linalg.solve``,
-    dF/dα = ∇_α f − ∇²_αθ g · v, independently of ``bilevel.linalg``."""
-    keys = list(theta)
-    sizes = [theta[k].numel() for k in keys]
-    flat = torch.cat([theta[k].reshape(-1) for k in keys])
-
-    def unflat(t: torch.Tensor) -> dict[str, torch.Tensor]:
-        return {k: p.reshape(theta[k].shape) for k, p in zip(keys, t.split(sizes))}
-
-    hessian = torch.func.hessian(lambda t: lower(alpha, unflat(t), train))(flat)
-    f_theta, f_alpha = torch.func.grad(lambda t, a: upper(a, unflat(t), val), argnums=(0, 1))(
-        flat, alpha)
-    v = torch.linalg.solve(hessian, f_theta)
-    g_theta = torch.func.grad(lambda a, t: lower(a, unflat(t), train), argnums=1)
-    mixed = torch.func.vjp(lambda a: g_theta(a, flat), alpha)[1](v)[0]
-    return hessian, f_alpha - mixed
-
-
 def mlp_case(n: int = 40, steps: int = 30) -> Case:
     """bench/linalg_nonconvex.py's problem, unchanged (full-batch gradient descent to θ_T)."""
     c = lnc.hyper_cleaning_mlp(n=n, steps=steps)
@@ -142,8 +122,8 @@ def darts_case(seed: int = 0, n: int = 64, batch: int = 8, steps: int = 200, lr:
         th = {k: v.requires_grad_() for k, v in theta.items()}
         grads = torch.autograd.grad(darts_lower(alpha, th, lower_batches()), list(th.values()))
         theta = {k: (v - lr * g).detach() for (k, v), g in zip(th.items(), grads)}
-    hessian, exact = dense_implicit(darts_upper, darts_lower, alpha, theta, (x_tr, y_tr),
-                                    (x_va, y_va))
+    hessian, exact = lnc.dense_implicit(alpha, theta, (x_tr, y_tr), (x_va, y_va),
+                                        upper=darts_upper, lower=darts_lower)
     return Case("darts", darts_upper, darts_lower, alpha, theta, (x_tr, y_tr), (x_va, y_va),
                 hessian, exact, f"DARTS-style 3-op mix, {sum(t.numel() for t in theta.values())} "
                 f"weights, θ after {steps} SGD steps on fresh minibatches of {batch} of {n}; "
