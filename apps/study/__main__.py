@@ -42,6 +42,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--publish-each", default="", metavar="DEST",
                     help="while running, publish each cell to DEST as soon as it finishes (and "
                          "the summary at the end), so a run cut off mid-study loses no finished cell")
+    ap.add_argument("--jobs", type=int, default=1, metavar="N",
+                    help="cells run at once, each on its own 1/N of the CPUs (OMP_NUM_THREADS and "
+                         "core pinning set for it); default 1 leaves the environment as it is")
     a = ap.parse_args(argv)
     study = STUDIES[a.name]
     root = Path(a.root or f"runs/study-{study.name}")
@@ -58,6 +61,8 @@ def main(argv: list[str] | None = None) -> int:
     if reads_only and (a.restore or a.publish_each):
         ap.error("--restore and --publish-each go with running the study, not with "
                  "--summarize, --publish or --figures")
+    if a.jobs < 1:
+        ap.error(f"--jobs: at least 1 cell at a time, got {a.jobs}")
     if a.restore and not Path(a.restore).is_dir():
         ap.error(f"--restore {a.restore}: no such folder of published cells")
     for dest in (a.publish, a.figures, a.publish_each):
@@ -120,7 +125,7 @@ def _act(a: argparse.Namespace, study: Study, root: Path) -> int:
         written = publish_cell(root, Path(a.publish_each), cell.name)
         print(f"{cell.name}: {len(written)} files published to {a.publish_each}", flush=True)
 
-    rc = run(study, root, after_cell=publish_now if a.publish_each else None)
+    rc = run(study, root, after_cell=publish_now if a.publish_each else None, jobs=a.jobs)
     summarize(study, root, n_boot=a.n_boot)
     if a.publish_each:
         publish(study, root, Path(a.publish_each))  # the summary and the log beside the cells

@@ -8,10 +8,15 @@ the cell.
 
 from __future__ import annotations
 
+import concurrent.futures
+import contextlib
 import dataclasses
 import json
+import os
+import queue
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -65,11 +70,21 @@ def done(run_dir: Path, cell: Cell) -> bool:
 
 
 def run(study: Study, root: Path, *, dry_run: bool = False, python: str = sys.executable,
-        after_cell: Callable[[Cell], None] | None = None) -> int:
+        after_cell: Callable[[Cell], None] | None = None, jobs: int = 1) -> int:
     """Run every unfinished cell in order; one progress line per cell with the study's ETA.
     ``after_cell(cell)`` is called after each cell that finished (e.g. to publish it at once, so
     a session that ends mid-study loses no finished cell). (The CLI checks the split discipline
-    first: ``discipline.check``.)"""
+    first: ``discipline.check``.)
+
+    ``jobs`` cells run at once, each a subprocess given an equal share of this process's CPUs:
+    ``OMP_NUM_THREADS`` = CPUs // jobs (at least 1) and, where the OS allows, pinned to its own
+    cores, so two cells on a 2-core machine do not fight over both cores (torch's default of one
+    thread per CPU in each would oversubscribe them). ``jobs=1`` leaves the environment as it is.
+    The order cells start in, the log and ``after_cell`` are the same as with one job;
+    ``after_cell`` and the log are serialized.
+    """
+    if jobs < 1:
+        raise ValueError(f"jobs: at least one cell at a time, got {jobs}")
     todo = [c for c in cells(study) if not done(root / c.name, c)]
     est = {c.name: estimate_s(study, c) for c in todo}  # parses every cell: a bad one fails here
     if study.flops is not None:
@@ -90,32 +105,68 @@ def run(study: Study, root: Path, *, dry_run: bool = False, python: str = sys.ex
         return 0
     root.mkdir(parents=True, exist_ok=True)
     log = root / "cells.jsonl"
-    failures = 0
-    t_start, spent, predicted = time.time(), 0.0, 0.0
-    for i, c in enumerate(todo):
+    lock = threading.Lock()
+    slots: queue.SimpleQueue[list[int]] = queue.SimpleQueue()  # the cores each running cell may use
+    for share in _core_shares(jobs):
+        slots.put(share)
+    t_start = time.time()
+    tally = {"spent": 0.0, "predicted": 0.0, "failures": 0}
+
+    def one(i: int, c: Cell) -> None:
         run_dir = root / c.name
         where = ["--resume", str(run_dir)] if (run_dir / "config.json").is_file() else \
             ["--out", str(run_dir)]
         argv = [python, "-m", "apps.calm_llm", *(c.argv(study) if where[0] == "--out" else []), *where]
-        # measured cells rescale the estimate of the rest
-        scale = spent / predicted if predicted else 1.0
-        eta = scale * sum(est[x.name] for x in todo[i:]) / 60
-        print(f"[{i + 1}/{len(todo)}] {c.name}: started {time.strftime('%H:%M')}, study ETA "
-              f"{eta:.0f} min", flush=True)
+        with lock:  # measured cells rescale the estimate of the rest
+            scale = tally["spent"] / tally["predicted"] if tally["predicted"] else 1.0
+            eta = scale * sum(est[x.name] for x in todo[i:]) / 60 / min(jobs, len(todo) - i)
+            print(f"[{i + 1}/{len(todo)}] {c.name}: started {time.strftime('%H:%M')}, study ETA "
+                  f"{eta:.0f} min", flush=True)
+        cores = slots.get()
+        env = None if jobs == 1 else {**os.environ, "OMP_NUM_THREADS": str(max(1, len(cores)))}
         t0 = time.time()
-        with open(root / f"{c.name}.log", "a") as out:
-            rc = subprocess.call(argv, stdout=out, stderr=subprocess.STDOUT)
+        try:
+            with open(root / f"{c.name}.log", "a") as out:
+                proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env)
+                if jobs > 1 and hasattr(os, "sched_setaffinity"):
+                    with contextlib.suppress(OSError):  # exited already, or pinning not allowed
+                        os.sched_setaffinity(proc.pid, cores)  # torch's threads, made later, inherit it
+                rc = proc.wait()
+        finally:
+            slots.put(cores)
         dt = time.time() - t0
-        spent, predicted = spent + dt, predicted + est[c.name]
-        with open(log, "a") as f:
-            f.write(json.dumps({"cell": c.name, "rc": rc, "seconds": round(dt, 1),
-                                "argv": argv[3:]}) + "\n")
-        print(f"[{i + 1}/{len(todo)}] {c.name}: {'done' if rc == 0 else f'FAILED (rc {rc})'} in "
-              f"{dt / 60:.1f} min (log {run_dir}.log)", flush=True)
-        failures += rc != 0
-        if rc == 0 and after_cell is not None:
-            after_cell(c)
+        with lock:
+            tally["spent"] += dt
+            tally["predicted"] += est[c.name]
+            with open(log, "a") as f:
+                f.write(json.dumps({"cell": c.name, "rc": rc, "seconds": round(dt, 1),
+                                    "argv": argv[3:]}) + "\n")
+            print(f"[{i + 1}/{len(todo)}] {c.name}: {'done' if rc == 0 else f'FAILED (rc {rc})'} in "
+                  f"{dt / 60:.1f} min (log {run_dir}.log)", flush=True)
+            tally["failures"] += rc != 0
+            if rc == 0 and after_cell is not None:
+                after_cell(c)
+
+    if jobs == 1:
+        for i, c in enumerate(todo):
+            one(i, c)
+    else:  # the pool takes cells in order; an error in one (not a failed cell) is raised here
+        with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
+            for f in [pool.submit(one, i, c) for i, c in enumerate(todo)]:
+                f.result()
+    failures = int(tally["failures"])
     print(f"study {study.name}: {len(todo) - failures} cells run, {failures} failed, "
           f"{(time.time() - t_start) / 60:.0f} min")
     return 1 if failures else 0
+
+
+def _core_shares(jobs: int) -> list[list[int]]:
+    """This process's CPUs dealt into ``jobs`` equal, disjoint shares (the remainder left out);
+    with fewer CPUs than jobs, shares of one CPU are reused round-robin."""
+    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else \
+        list(range(os.cpu_count() or 1))
+    if len(cpus) < jobs:
+        return [[cpus[k % len(cpus)]] for k in range(jobs)]
+    per = len(cpus) // jobs
+    return [cpus[k * per:(k + 1) * per] for k in range(jobs)]
 

@@ -5,7 +5,9 @@ The faults are a table: a new fault is one line (name, study kind, how to damage
 a fragment the one-line error must contain)."""
 
 import json
+import os
 import shutil
+import sys
 
 import numpy as np
 import pytest
@@ -350,6 +352,55 @@ def test_publish_each_publishes_a_cell_as_soon_as_it_finishes(built, tmp_path):
     assert rc == 0 and [name for name, _ in seen] == ["v-seed1"] and seen[0][1] >= 3
     assert (dest / "v-seed1" / "metrics.json").read_bytes() == metrics
     assert not (dest / "v-seed0").exists()
+
+
+def test_jobs_run_cells_at_once_each_on_its_own_share_of_the_cpus(built, tmp_path):
+    # two unfinished cells, --jobs 2: each fake cell waits until the other has started (so the
+    # test fails, after a timeout, unless they really run at once), records the threads and cores
+    # it was given, and "finishes" by putting its metrics.json back
+    root = tmp_path / "root"
+    shutil.copytree(built[MC.name], root)
+    saved = tmp_path / "saved"
+    saved.mkdir()
+    for k in (0, 1):
+        (root / f"v-seed{k}" / "metrics.json").rename(saved / f"v-seed{k}.json")
+    (root / "cells.jsonl").unlink()
+    fake = tmp_path / "fake_python"
+    fake.write_text(f"""#!{sys.executable}
+import os, pathlib, sys, time
+run_dir = pathlib.Path(sys.argv[-1])
+(run_dir.parent / ("started-" + run_dir.name)).touch()
+deadline = time.time() + 60
+while len(list(run_dir.parent.glob("started-*"))) < 2:
+    if time.time() > deadline:
+        sys.exit(3)
+    time.sleep(0.05)
+cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+(run_dir.parent / ("env-" + run_dir.name)).write_text(
+    os.environ.get("OMP_NUM_THREADS", "") + " " + ",".join(map(str, cores)))
+(run_dir / "metrics.json").write_bytes((pathlib.Path({str(saved)!r}) / (run_dir.name + ".json")).read_bytes())
+""")
+    fake.chmod(0o755)
+    published = []
+    rc = S.run(MC, root, python=str(fake), jobs=2, after_cell=lambda c: published.append(c.name))
+    assert rc == 0 and sorted(published) == ["v-seed0", "v-seed1"]
+    assert all(S.done(root / c.name, c) for c in S.cells(MC))
+    log = [json.loads(line) for line in (root / "cells.jsonl").read_text().splitlines()]
+    assert sorted(e["cell"] for e in log) == ["v-seed0", "v-seed1"] and {e["rc"] for e in log} == {0}
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    seen = [(root / f"env-v-seed{k}").read_text().split(" ") for k in (0, 1)]
+    assert [threads for threads, _ in seen] == [str(max(1, cpus // 2))] * 2
+    if hasattr(os, "sched_setaffinity") and cpus >= 2:  # disjoint cores, half each
+        shares = [set(map(int, cores.split(","))) for _, cores in seen]
+        assert not shares[0] & shares[1] and all(len(x) == cpus // 2 for x in shares)
+
+
+def test_jobs_below_one_is_refused_naming_the_option(tmp_path):
+    with pytest.raises(ValueError, match="jobs"):
+        S.run(MC, tmp_path, jobs=0)
+    from apps.study.__main__ import main
+    with pytest.raises(SystemExit):
+        main(["calm-diagnosis", "--jobs", "0", "--root", str(tmp_path / "r")])
 
 
 def test_a_metric_added_to_the_summary_table_reaches_the_study_summary(tmp_path, monkeypatch):
