@@ -274,25 +274,51 @@ def oracles_per_step(name: str, n_in: int, n_out: int) -> int:
             "BOME": 12 * n_in + n_out, "AID-CG": 22 * n_in + n_out}[name]
 
 
-def run_one(solver: Any, port: SimulatedProblem, timeout: float) -> list[dict[str, float]]:
-    """benchopt's callback loop on ``solver``; the curve (iteration, seconds, metrics)."""
+def run_one(solver: Any, port: SimulatedProblem, timeout: float,
+            sync: Callable[[Any], None] | None = None) -> list[dict[str, float]]:
+    """benchopt's callback loop on ``solver``; the curve (iteration, seconds, metrics).
+
+    ``sync(solver)`` runs before each callback reads the clock: JAX dispatches asynchronously,
+    so without it a step's computation finishes inside the next evaluation (whose time
+    benchopt excludes) and the solver's own time counts only the dispatch. The evaluation is
+    the two metrics the table uses, ‖∇h(x)‖² and ‖z*(x) − z‖², in float64 closed form.
+    """
     from benchopt.callback import _Callback
     from benchopt.stopping_criterion import SufficientProgressCriterion
 
     def evaluate(result: dict[str, Any]) -> list[dict[str, float]]:
         z = torch.as_tensor(np.asarray(result["inner_var"]), dtype=torch.float64)
         x = torch.as_tensor(np.asarray(result["outer_var"]), dtype=torch.float64)
-        m = port.metrics(z, x)
-        return [{"objective_value": m["value"], "objective_inner_distance": m["inner_distance"]}]
+        return [{"objective_value": float(port.hypergradient(x).square().sum()),
+                 "objective_inner_distance": float((port.inner_solution(x) - z).square().sum())}]
 
     crit = getattr(solver, "_stopping_criterion", None) or SufficientProgressCriterion(
         patience=12_800, strategy="callback")
     crit = crit.get_runner_instance(solver=solver, max_runs=10**9, timeout=timeout)
     cb = _Callback(evaluate, solver, {}, crit)
     cb.start()
-    solver.run(cb)
+    solver.run(synced(cb, solver, sync))
     return [{"it": c["stop_val"], "time": c["time"], "value": c["objective_value"],
              "inner_distance": c["objective_inner_distance"]} for c in cb.curve]
+
+
+def synced(callback: Callable[[], bool], solver: Any,
+           sync: Callable[[Any], None] | None) -> Callable[[], bool]:
+    """``callback`` that first waits for ``solver``'s pending work (``sync(solver)``), so the
+    time benchopt's callback measures since its last call includes the step's computation."""
+    if sync is None:
+        return callback
+
+    def wait_then_call() -> bool:
+        sync(solver)
+        return callback()
+    return wait_then_call
+
+
+def block_until_ready(solver: Any) -> None:
+    """Wait for a JAX solver's last dispatched step (its current iterates)."""
+    import jax
+    jax.block_until_ready([getattr(solver, "inner_var", None), getattr(solver, "outer_var", None)])
 
 
 def time_to(curve: list[dict[str, float]], tol: float, key: str = "time") -> float | None:
@@ -358,7 +384,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                                 f"bb_solver_{FILES[name]}").Solver
                     solver = cls.get_instance(**{k: v for k, v in PARAMS[name].items()})
                     solver._set_objective(objective)  # benchopt's: set_objective + JIT warm-up
-                curve = run_one(solver, port, args.timeout)
+                curve = run_one(solver, port, args.timeout,
+                                sync=None if lib == "bilevel" else block_until_ready)
                 freq = PARAMS.get(name, {}).get("eval_freq", 1)
                 per = oracles_per_step(name, args.n_inner, args.n_outer)
                 for c in curve:
