@@ -20,8 +20,8 @@ from apps.study.runner import Cell, run
 from apps.study.summary import summarize
 
 
-def main(argv: list[str] | None = None) -> int:
-    """The command line; returns the exit status."""
+def _parser() -> argparse.ArgumentParser:
+    """The command line's options."""
     ap = argparse.ArgumentParser(prog="python -m apps.study",
                                  description=(package.__doc__ or "").split("\n\n")[0])
     ap.add_argument("name", choices=sorted(STUDIES))
@@ -45,6 +45,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--jobs", type=int, default=1, metavar="N",
                     help="cells run at once, each on its own 1/N of the CPUs (OMP_NUM_THREADS and "
                          "core pinning set for it); default 1 leaves the environment as it is")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The command line; returns the exit status."""
+    ap = _parser()
     a = ap.parse_args(argv)
     study = STUDIES[a.name]
     root = Path(a.root or f"runs/study-{study.name}")

@@ -76,32 +76,15 @@ def run(study: Study, root: Path, *, dry_run: bool = False, python: str = sys.ex
     a session that ends mid-study loses no finished cell). (The CLI checks the split discipline
     first: ``discipline.check``.)
 
-    ``jobs`` cells run at once, each a subprocess given an equal share of this process's CPUs:
-    ``OMP_NUM_THREADS`` = CPUs // jobs (at least 1) and, where the OS allows, pinned to its own
-    cores, so two cells on a 2-core machine do not fight over both cores (torch's default of one
-    thread per CPU in each would oversubscribe them). ``jobs=1`` leaves the environment as it is.
-    The order cells start in, the log and ``after_cell`` are the same as with one job;
-    ``after_cell`` and the log are serialized.
+    ``jobs`` cells run at once, each on its own share of the CPUs (``_core_shares``); the order
+    cells start in is the same, the log and ``after_cell`` are serialized.
     """
     if jobs < 1:
         raise ValueError(f"jobs: at least one cell at a time, got {jobs}")
     todo = [c for c in cells(study) if not done(root / c.name, c)]
     est = {c.name: estimate_s(study, c) for c in todo}  # parses every cell: a bad one fails here
-    if study.flops is not None:
-        f = study.flops
-        print(f"study {study.name}: {len(cells(study))} cells, {len(todo)} to run, estimated "
-              f"{sum(est.values()) / 3600:.0f} GPU-hours on one GPU at {f.utilization:.0%} of "
-              f"{f.peak_flops / 1e12:.0f} TFLOP/s, scaled by FLOPs from CPU step ratios "
-              f"({study.description})")
-    else:
-        print(f"study {study.name}: {len(cells(study))} cells, {len(todo)} to run, "
-              f"estimated {sum(est.values()) / 60:.0f} min = {sum(est.values()) / 3600:.1f} h of "
-              f"the 2-core CPU machine ({study.description})")
+    _announce(study, todo, est, dry_run)
     if dry_run:
-        for c in cells(study):
-            unit = (3600, "GPU-h") if study.flops is not None else (60, "min")
-            state = "done" if c not in todo else f"~{est[c.name] / unit[0]:.1f} {unit[1]}"
-            print(f"  {c.name:<22} {state:<10} python -m apps.calm_llm {' '.join(c.argv(study))}")
         return 0
     root.mkdir(parents=True, exist_ok=True)
     log = root / "cells.jsonl"
@@ -123,15 +106,9 @@ def run(study: Study, root: Path, *, dry_run: bool = False, python: str = sys.ex
             print(f"[{i + 1}/{len(todo)}] {c.name}: started {time.strftime('%H:%M')}, study ETA "
                   f"{eta:.0f} min", flush=True)
         cores = slots.get()
-        env = None if jobs == 1 else {**os.environ, "OMP_NUM_THREADS": str(max(1, len(cores)))}
         t0 = time.time()
         try:
-            with open(root / f"{c.name}.log", "a") as out:
-                proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env)
-                if jobs > 1 and hasattr(os, "sched_setaffinity"):
-                    with contextlib.suppress(OSError):  # exited already, or pinning not allowed
-                        os.sched_setaffinity(proc.pid, cores)  # torch's threads, made later, inherit it
-                rc = proc.wait()
+            rc = _launch(argv, root / f"{c.name}.log", cores if jobs > 1 else None)
         finally:
             slots.put(cores)
         dt = time.time() - t0
@@ -160,9 +137,44 @@ def run(study: Study, root: Path, *, dry_run: bool = False, python: str = sys.ex
     return 1 if failures else 0
 
 
+def _launch(argv: list[str], log: Path, cores: list[int] | None) -> int:
+    """Run one cell's command, appending its output to ``log``; with ``cores``, at
+    ``OMP_NUM_THREADS`` = len(cores) and pinned to them. Returns its exit status."""
+    env = None if cores is None else {**os.environ, "OMP_NUM_THREADS": str(max(1, len(cores)))}
+    with open(log, "a") as out:
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env)
+        if cores is not None and hasattr(os, "sched_setaffinity"):
+            with contextlib.suppress(OSError):  # exited already, or pinning not allowed
+                os.sched_setaffinity(proc.pid, cores)  # torch's threads, made later, inherit it
+        return proc.wait()
+
+
+def _announce(study: Study, todo: list[Cell], est: dict[str, float], dry_run: bool) -> None:
+    """The study's first line (cells, cells to run, the estimate); with ``dry_run`` every
+    cell's state or estimate and its command line."""
+    if study.flops is not None:
+        f = study.flops
+        print(f"study {study.name}: {len(cells(study))} cells, {len(todo)} to run, estimated "
+              f"{sum(est.values()) / 3600:.0f} GPU-hours on one GPU at {f.utilization:.0%} of "
+              f"{f.peak_flops / 1e12:.0f} TFLOP/s, scaled by FLOPs from CPU step ratios "
+              f"({study.description})")
+    else:
+        print(f"study {study.name}: {len(cells(study))} cells, {len(todo)} to run, "
+              f"estimated {sum(est.values()) / 60:.0f} min = {sum(est.values()) / 3600:.1f} h of "
+              f"the 2-core CPU machine ({study.description})")
+    if dry_run:
+        for c in cells(study):
+            unit = (3600, "GPU-h") if study.flops is not None else (60, "min")
+            state = "done" if c not in todo else f"~{est[c.name] / unit[0]:.1f} {unit[1]}"
+            print(f"  {c.name:<22} {state:<10} python -m apps.calm_llm {' '.join(c.argv(study))}")
+
+
 def _core_shares(jobs: int) -> list[list[int]]:
-    """This process's CPUs dealt into ``jobs`` equal, disjoint shares (the remainder left out);
-    with fewer CPUs than jobs, shares of one CPU are reused round-robin."""
+    """This process's CPUs dealt into ``jobs`` equal, disjoint shares (the remainder left out;
+    with fewer CPUs than jobs, shares of one CPU are reused round-robin). A cell run with
+    ``jobs`` > 1 gets ``OMP_NUM_THREADS`` = its share's size and, where the OS allows, is pinned
+    to it, so two cells on a 2-core machine do not fight over both cores (torch's default of
+    one thread per CPU in each would oversubscribe them); ``jobs=1`` leaves the environment."""
     cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else \
         list(range(os.cpu_count() or 1))
     if len(cpus) < jobs:
