@@ -9,11 +9,14 @@ method is given (same θ_T, same α for all):
 2. ``darts``: architecture weights α (3 logits) mix three candidate operations on a hidden
    layer h = x W1 + b1 — ``softmax(α)_0 · h Wl + softmax(α)_1 · tanh(h) + softmax(α)_2 · h`` —
    followed by a linear classifier; θ = (W1, b1, Wl, W2, b2) is trained by SGD on a FRESH
-   minibatch per inner step, drawn by a ``lower_batches``-style callable ``() -> batch`` (as
-   bilevel's AID/ITD solvers take it). The reference is the implicit function theorem at θ_T
+   minibatch per inner step, by ``bilevel.ITD`` with ``lower_batches`` (one draw per inner
+   step; tested equal to hand-written SGD on the same draws). The reference is the implicit
+   function theorem at θ_T
    on the FULL training set's lower objective: dF/dα = −∇²_αθ g_full · (∇²_θθ g_full)⁻¹ ∇_θ f
    (dense, ``torch.func.hessian`` + ``torch.linalg.solve``), and every method is handed the
-   full training set as its lower batch.
+   full training set as its lower batch. It is checked by central differences (1e-6 relative)
+   of the problem tilted by a constant linear term in θ so that θ_T is stationary (same
+   Hessians, so the same answer: tests/bench/test_bench_peers_nonconvex.py).
 
 Rows: each of bilevel's linear solvers through ``bilevel.Implicit(solver)``; torchopt's
 ``custom_root`` with ``solve_normal_cg`` (its default) and with ``solve_cg``; betty's ``cg`` and
@@ -100,34 +103,44 @@ def darts_upper(alpha: torch.Tensor, th: dict[str, torch.Tensor], batch: Any) ->
     return F.cross_entropy(_darts_forward(alpha, th, x), y)
 
 
-def darts_case(seed: int = 0, n: int = 64, batch: int = 8, steps: int = 200, lr: float = 0.5,
-               d: int = 5, h: int = 6, c: int = 3) -> Case:
-    """The DARTS-style mix after ``steps`` SGD steps, each on a fresh minibatch of ``batch``
-    training points (drawn with replacement by a seeded generator)."""
+def darts_draws(seed: int = 0, n: int = 64, batch: int = 8, steps: int = 200, d: int = 5,
+                h: int = 6, c: int = 3) -> dict[str, Any]:
+    """The DARTS-style problem's data, starting point and the ``steps`` minibatches of
+    ``batch`` training points (drawn with replacement by a seeded generator, in step order)."""
     gen = torch.Generator().manual_seed(seed)
     teacher = torch.randn(d, c, generator=gen, dtype=F64)
     x_tr, x_va = (torch.randn(n, d, generator=gen, dtype=F64) for _ in range(2))
     y_tr = (torch.tanh(x_tr) @ teacher).argmax(1)
     y_va = (torch.tanh(x_va) @ teacher).argmax(1)
     shapes = {"w1": (d, h), "b1": (h,), "wl": (h, h), "w2": (h, c), "b2": (c,)}
-    theta = {k: torch.randn(s, generator=gen, dtype=F64) / math.sqrt(s[0] if len(s) > 1 else 4)
-             for k, s in shapes.items()}
+    theta0 = {k: torch.randn(s, generator=gen, dtype=F64) / math.sqrt(s[0] if len(s) > 1 else 4)
+              for k, s in shapes.items()}
     alpha = 0.5 * torch.randn(3, generator=gen, dtype=F64)
+    idx = [torch.randint(0, n, (batch,), generator=gen) for _ in range(steps)]
+    return {"train": (x_tr, y_tr), "val": (x_va, y_va), "theta0": theta0, "alpha": alpha,
+            "batches": [(x_tr[i], y_tr[i]) for i in idx]}
 
-    def lower_batches() -> tuple[torch.Tensor, torch.Tensor]:  # a fresh minibatch per call
-        idx = torch.randint(0, n, (batch,), generator=gen)
-        return x_tr[idx], y_tr[idx]
 
-    for _ in range(steps):
-        th = {k: v.requires_grad_() for k, v in theta.items()}
-        grads = torch.autograd.grad(darts_lower(alpha, th, lower_batches()), list(th.values()))
-        theta = {k: (v - lr * g).detach() for (k, v), g in zip(th.items(), grads)}
-    hessian, exact = lnc.dense_implicit(alpha, theta, (x_tr, y_tr), (x_va, y_va),
-                                        upper=darts_upper, lower=darts_lower)
-    return Case("darts", darts_upper, darts_lower, alpha, theta, (x_tr, y_tr), (x_va, y_va),
+def darts_case(seed: int = 0, n: int = 64, batch: int = 8, steps: int = 200, lr: float = 0.5,
+               d: int = 5, h: int = 6, c: int = 3) -> Case:
+    """The DARTS-style mix at θ_T: ``steps`` SGD steps of ``lr`` from θ_0, each on a fresh
+    minibatch, run by ``bilevel.ITD`` with ``lower_batches`` (one draw per inner step) — the
+    way a user writes a minibatch inner loop; its θ^(T) is the point every method is given."""
+    data = darts_draws(seed, n, batch, steps, d, h, c)
+    draws = iter(data["batches"])
+    itd = bilevel.ITD(steps, lr, lower_batches=lambda: next(draws))
+    problem = bilevel.Problem(upper=darts_upper, lower=darts_lower)
+    r = itd.step(problem, data["alpha"], data["theta0"], upper_batch=data["val"],
+                 lower_batch=data["train"])
+    theta = {k: v.detach() for k, v in r.inner_solution.items()}
+    alpha, train, val = data["alpha"], data["train"], data["val"]
+    hessian, exact = lnc.dense_implicit(alpha, theta, train, val, upper=darts_upper,
+                                        lower=darts_lower)
+    return Case("darts", darts_upper, darts_lower, alpha, theta, train, val,
                 hessian, exact, f"DARTS-style 3-op mix, {sum(t.numel() for t in theta.values())} "
-                f"weights, θ after {steps} SGD steps on fresh minibatches of {batch} of {n}; "
-                "reference: implicit function theorem on the full training set at θ_T")
+                f"weights, θ after {steps} SGD steps (bilevel.ITD, lower_batches) on fresh "
+                f"minibatches of {batch} of {n}; reference: implicit function theorem on the full "
+                "training set at θ_T")
 
 
 def bilevel_solvers(lr: float) -> dict[str, Any]:
