@@ -371,6 +371,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         h0 = port.metrics(torch.as_tensor(np.asarray(objective.inner_var0)),
                           torch.as_tensor(np.asarray(objective.outer_var0)))["value"]
         meta["value_at_x0"] = h0
+        meta["load"] = [os.getloadavg()[0]]
         rec = harness.Recorder(args.out.with_suffix(".json"), meta)
         for name in args.solvers:
             libs = ["bilevel"] if name not in PARAMS else ["benchopt_jax", "bilevel"]
@@ -394,6 +395,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                          **{f"time_to_{t:g}": time_to(curve, t * h0) for t in args.tols},
                          **{f"oracles_to_{t:g}": time_to(curve, t * h0, "oracles")
                             for t in args.tols}})
+    meta["load"].append(os.getloadavg()[0])
+    rec.save()
     write_md_png(args.out, rec.records, meta, args.tols)
     return 0
 
@@ -424,16 +427,17 @@ def write_md_png(out: Path, records: list[dict[str, Any]], meta: dict[str, Any],
             f"n_inner={a['n_inner']}, n_outer={a['n_outer']}, dim_inner={a['dim_inner']}, "
             f"dim_outer={a['dim_outer']}, {a['timeout']:g} s per run, one repeat (seed 1). "
             f"‖∇h(x0)‖² = h0 = {meta['value_at_x0']:.3g}. Environment: {meta['env']}.\n\n"
-            "**Measured on one core beside another job (not alone): rerun alone for the "
-            "published ratios** with `taskset -c 1 python -m bench.benchopt_bilevel "
-            "--benchmark-dir PATH`.\n\n"
+            f"1-minute load average of the machine at the start / end: {meta['load'][0]:.2f} / "
+            f"{meta['load'][1]:.2f} ({meta['env']['cpus']} CPUs; about 1 = this run alone on it).\n\n"
             f"Port vs the benchmark's JAX functions (float64, max rel. error): "
             f"{meta['port_vs_benchmark_float64']}\n\n"
             + harness.markdown_table(head, rows) + "\n\nratio = bilevel's seconds / the "
             "benchmark's (> 1: bilevel slower); – = the tolerance was not reached within "
             "the run. Time excludes the callback's evaluations and, for the benchmark, its JIT "
             "warm-up in `set_objective` (benchopt's convention; BOME jits inside `run`, so its "
-            "compilation is in its curve).\n")
+            "compilation is in its curve). JAX dispatches asynchronously: each JAX step is "
+            "waited for (`jax.block_until_ready`) before benchopt's callback reads the clock, "
+            "so its time is the step's, not only its dispatch.\n")
     out.with_suffix(".md").write_text(text)
     import matplotlib
 

@@ -140,6 +140,10 @@ class Recorder:
 
     def add(self, record: dict[str, Any]) -> None:
         self.records.append(record)
+        self.save()
+
+    def save(self) -> None:
+        """Rewrite ``path`` now (e.g. after ``meta`` changed)."""
         tmp = self.path.with_suffix(".tmp")
         tmp.write_text(json.dumps({"meta": self.meta, "records": self.records}, indent=1))
         tmp.replace(self.path)
