@@ -92,9 +92,13 @@ def _splits(cells: Cells, *variants: str) -> dict[int, list[int]]:
 
 
 def difference(cells: Cells, a: tuple[str, str], b: tuple[str, str] | None, ds: str = OOD, *,
-               n_boot: int = 1000, seed: int = 0) -> dict[str, Any]:
+               n_boot: int = 1000, seed: int = 0,
+               shared: dict[tuple[int, str], DatasetDraws] | None = None) -> dict[str, Any]:
     """Row ``a`` = (variant, row) minus row ``b`` on ``ds``'s conf-ECE, pooled over split seeds
-    (module docstring); ``b`` None: row a's own ECE. ``{"diff", "ci", "splits", "n_cells"}``."""
+    (module docstring); ``b`` None: row a's own ECE. ``{"diff", "ci", "splits", "n_cells"}``.
+    ``shared`` keeps each (split, dataset)'s resamples and resampled rows between calls (the
+    same numbers, each row computed once)."""
+    shared = {} if shared is None else shared
     splits = _splits(cells, *{a[0], *(b[:1] if b else ())})
     if not splits:
         raise ValueError(f"no split seed has cells of both {a} and {b}")
@@ -102,9 +106,10 @@ def difference(cells: Cells, a: tuple[str, str], b: tuple[str, str] | None, ds: 
     for split, seeds in splits.items():
         rows = [[cells[(v, split, k)].questions[(r, ds)] for k in seeds] for v, r in (a, *([b] if b else []))]
         aligned(*rows)  # the same questions within a split
-        draws = DatasetDraws(rows[0][0].n, n_boot=n_boot, seed=seed + split)
+        draws = shared.setdefault((split, ds), DatasetDraws(rows[0][0].n, n_boot=n_boot,
+                                                            seed=seed + split))
         every = np.arange(rows[0][0].n)
-        vals = [draws.values((v, r), qs, seeds)["error"] for (v, r), qs in zip((a, *([b] if b else [])), rows, strict=True)]
+        vals = [draws.values((v, r, tuple(seeds)), qs, seeds)["error"] for (v, r), qs in zip((a, *([b] if b else [])), rows, strict=True)]
         means = [float(np.mean([q.error(every) for q in qs])) for qs in rows]
         full.append(means[0] - (means[1] if b else 0.0))
         boot.append(vals[0] - (vals[1] if b else 0.0))
@@ -154,15 +159,13 @@ def _entropy(q: Questions) -> float:
 def comparisons(cells: Cells, *, n_boot: int = 1000) -> dict[str, dict[str, Any]]:
     """Every difference the rule reads, by name ("<variant>: <row> − <row>")."""
     out: dict[str, dict[str, Any]] = {}
-    for variant, row in CALM_ROW.items():
-        if any(v == variant for (v, _, _) in cells):
-            for base in ("sft", "ts"):
-                out[f"{variant}: {row} − {base}"] = difference(cells, (variant, row), (variant, base),
-                                                               n_boot=n_boot)
-    out["calib400 calm − calm calm"] = difference(cells, ("calib400", "calm"), ("calm", "calm"),
-                                                 n_boot=n_boot)
-    out["calm: calm:no_alpha − calm"] = difference(cells, ("calm", "calm:no_alpha"), ("calm", "calm"),
-                                                   n_boot=n_boot)
+    shared: dict[tuple[int, str], DatasetDraws] = {}
+    pairs = [(f"{v}: {r} − {base}", (v, r), (v, base)) for v, r in CALM_ROW.items()
+             if any(x == v for (x, _, _) in cells) for base in ("sft", "ts")]
+    pairs += [("calib400 calm − calm calm", ("calib400", "calm"), ("calm", "calm")),
+              ("calm: calm:no_alpha − calm", ("calm", "calm:no_alpha"), ("calm", "calm"))]
+    for name, a, b in pairs:
+        out[name] = difference(cells, a, b, n_boot=n_boot, shared=shared)
     return out
 
 
