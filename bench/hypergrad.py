@@ -160,7 +160,31 @@ def targets(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 row["mem_vs_least_peer"] = ours["peak_mem_mb"] / least if least > 0 else math.nan
                 row["mem_ok"] = ours["peak_mem_mb"] <= least * (1 + MEM_TOL) + MEM_SLACK_MB
         out.append(row)
+    _reasons(out, groups)
     return out
+
+
+WITHIN = 1.2  # issue 36: every row within 1.2× plain torch, or the reason beside it
+
+
+def _reasons(rows: list[dict[str, Any]], groups: dict[tuple, dict[str, dict[str, Any]]]) -> None:
+    """``within``: the toolkit within WITHIN× of plain torch (medians); where not, ``reason``
+    states what the gap is: the extra milliseconds per call over the floor's, and the largest
+    size of the same problem and method, with its ratio, so a fixed per-call overhead (the
+    same milliseconds, shrinking as a share of larger calls) reads as one."""
+    for row in rows:
+        row["within"] = row["vs_floor"] <= WITHIN
+        if row["within"]:
+            continue
+        by = groups[(row["problem"], row["size"], row["method"])]
+        extra = (by["bilevel"]["seconds_median"] - by["plain_torch"]["seconds_median"]) * 1e3
+        reason = f"+{extra:.2f} ms per call over a {by['plain_torch']['seconds_median'] * 1e3:.2f} ms floor"
+        larger = [r for r in rows if (r["problem"], r["method"]) == (row["problem"], row["method"])
+                  and r["size"] > row["size"]]
+        if larger:
+            big = max(larger, key=lambda r: r["size"])
+            reason += f"; at size {big['size']}: {big['vs_floor']:.2f}×"
+        row["reason"] = reason
 
 
 def render(records: list[dict[str, Any]], meta: dict[str, Any]) -> str:
@@ -199,12 +223,13 @@ def render(records: list[dict[str, Any]], meta: dict[str, Any]) -> str:
               t.get("fastest_peer", "–"), harness.fmt(t.get("speedup_vs_fastest_peer"), "x"),
               harness.fmt(t.get("speedup_vs_fastest_peer_best"), "x"),
               harness.fmt(t.get("speedup_needed")), verdict(t, "peer_ok"),
-              harness.fmt(t.get("mem_vs_least_peer"), "x"), verdict(t, "mem_ok")]
+              harness.fmt(t.get("mem_vs_least_peer"), "x"), verdict(t, "mem_ok"),
+              "yes" if t["within"] else t["reason"]]
              for t in targets(records)]
     text.append(harness.markdown_table(
         ["problem", "size", "method", "toolkit / floor", "≤ 1.1×", "/ floor (best-of)",
          "fastest peer", "speedup", "speedup (best-of)", "need", "peer ok", "mem / least peer",
-         "mem ok"], trows))
+         "mem ok", f"≤ {WITHIN}× floor, or why not"], trows))
     return "\n".join(text) + "\n"
 
 

@@ -78,6 +78,17 @@ def test_targets_apply_the_1_5x_rule_only_where_reachable():
     assert not row["mem_ok"]
 
 
+def test_a_row_past_1_2x_the_floor_states_its_extra_milliseconds_and_the_largest_size():
+    def at(size, lib, t):
+        return {**_rec(lib, t, 1), "size": size}
+
+    rows = {r["size"]: r for r in targets([at(1, "plain_torch", 0.002), at(1, "bilevel", 0.005),
+                                           at(9, "plain_torch", 0.100), at(9, "bilevel", 0.103)])}
+    assert rows[9]["within"] and "reason" not in rows[9]
+    assert not rows[1]["within"]
+    assert rows[1]["reason"] == "+3.00 ms per call over a 2.00 ms floor; at size 9: 1.03×"
+
+
 def test_markdown_table_shape():
     text = harness.markdown_table(["a", "b"], [["1", "2"], ["3", "4"]])
     assert text.splitlines() == ["| a | b |", "|---|---|", "| 1 | 2 |", "| 3 | 4 |"]
