@@ -190,7 +190,7 @@ def decide(diffs: dict[str, dict[str, Any]], gaps: dict[str, float]) -> dict[str
     names = list(clauses)
     c = clauses[names[0]] and clauses[names[1]]
     b = not c and clauses[names[2]] and not clauses[names[3]]
-    a = not (b or c) and clauses[names[4]] and clauses[names[5]]
+    a = not (b or c) and clauses[names[4]] and clauses[names[5]] and clauses[names[6]]  # "as calm does"
     outcome = "c" if c else "b" if b else "a" if a else "undecided"
     earned = [v for v, row in CALM_ROW.items() if f"{v}: {row} − sft" in diffs
               and beats(diffs[f"{v}: {row} − sft"]) and diffs[f"{v}: {row} − ts"]["diff"] <= WITHIN]

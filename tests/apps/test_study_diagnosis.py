@@ -96,6 +96,8 @@ def test_a_needs_alpha_off_no_better_and_the_vocabulary_temperature_losing():
     assert D.decide({**_diffs(), **no_alpha_better}, GAPS)["outcome"] == "undecided"
     vocab_unclear = {"vocab_temperature: calm_scalar − sft": {"diff": 0.02, "ci": [-0.01, 0.05]}}
     assert D.decide({**_diffs(), **vocab_unclear}, GAPS)["outcome"] == "undecided"
+    calm_unclear = {"calm: calm − sft": {"diff": 0.02, "ci": [-0.01, 0.05]}}  # "loses ... as calm does"
+    assert D.decide({**_diffs(), **calm_unclear}, GAPS)["outcome"] == "undecided"
 
 
 def test_a_confirmatory_test_is_earned_only_by_beating_sft_and_coming_within_002_of_ts():
