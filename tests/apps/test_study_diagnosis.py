@@ -106,3 +106,26 @@ def test_a_confirmatory_test_is_earned_only_by_beating_sft_and_coming_within_002
     assert D.decide({**_diffs(), **earn}, GAPS)["confirmatory"] == ["value_gap"]
     near_only = {"value_gap: calm − ts": {"diff": 0.01, "ci": [-0.02, 0.04]}}
     assert D.decide({**_diffs(), **near_only}, GAPS)["confirmatory"] == []
+
+
+def test_the_exploratory_sft_ts_row_is_sft_at_its_sciq_nll_temperature():
+    cells = _cells(splits=(1,), seeds=(0,))
+    for c in cells.values():  # pad a fifth option that does not exist (probability 0)
+        for key, q in list(c.questions.items()):
+            c.questions[key] = Questions.options(np.pad(q.x, ((0, 0), (0, 1))), q.y)
+    D.add_sft_ts(cells)
+    c = cells[("calm", 1, 0)]
+    t = c.last["sft+ts"]["temperature"]
+    sciq, scaled = c.questions[("sft", D.IN_DOMAIN)], c.questions[("sft+ts", D.IN_DOMAIN)]
+    np.testing.assert_allclose(scaled.x.sum(1), 1.0, atol=1e-12)
+    assert (scaled.x[:, -1] == 0).all()  # the padded option stays impossible
+
+    def nll(temp):
+        z = np.log(sciq.x[:, :4]) / temp
+        z -= z.max(1, keepdims=True)
+        return float(np.mean(np.log(np.exp(z).sum(1)) - z[np.arange(sciq.n), sciq.y]))
+
+    assert nll(t) <= min(nll(t * 1.05), nll(t / 1.05)) + 1e-12  # a minimum of the SciQ NLL
+    expected = np.exp(np.log(c.questions[("sft", D.OOD)].x[:, :4]) / t)
+    np.testing.assert_allclose(c.questions[("sft+ts", D.OOD)].x[:, :4],
+                               expected / expected.sum(1, keepdims=True), atol=1e-10)
