@@ -129,3 +129,34 @@ def test_the_exploratory_sft_ts_row_is_sft_at_its_sciq_nll_temperature():
     expected = np.exp(np.log(c.questions[("sft", D.OOD)].x[:, :4]) / t)
     np.testing.assert_allclose(c.questions[("sft+ts", D.OOD)].x[:, :4],
                                expected / expected.sum(1, keepdims=True), atol=1e-10)
+
+
+def test_the_published_verdict_is_what_the_published_cells_give():
+    # docs/results/calm-diagnosis/verdict.json, recomputed from the 16 published cells (their
+    # predictions, metrics and histories) with the same resamples: the rule's outcome and every
+    # number; docs/results.md quotes this file
+    import json
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2] / "docs" / "results" / "calm-diagnosis"
+    published = json.loads((root / "verdict.json").read_text())
+    again = json.loads(json.dumps(D.verdict(root, n_boot=published["n_boot"])))
+    assert again["n_cells"] == 16
+    assert (again["outcome"], again["confirmatory"], again["clauses"]) == (
+        published["outcome"], published["confirmatory"], published["clauses"])
+
+    def close(a, b, path=""):
+        if isinstance(a, dict):
+            assert a.keys() == b.keys(), path
+            for k in a:
+                close(a[k], b[k], f"{path}/{k}")
+        elif isinstance(a, list):
+            assert len(a) == len(b), path
+            for i, (x, y) in enumerate(zip(a, b)):
+                close(x, y, f"{path}/{i}")
+        elif isinstance(a, float):
+            assert a == pytest.approx(b, abs=1e-9), path
+        else:
+            assert a == b, path
+
+    close(again, published)
