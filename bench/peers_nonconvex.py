@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import statistics
 import warnings
 from collections.abc import Callable, Sequence
@@ -272,12 +273,16 @@ def rows(case: Case, *, timing: bool = True, repeats: int = 5) -> list[dict[str,
     return list(out.values())
 
 
-def render(cases: list[Case], records: list[dict[str, Any]]) -> str:
-    """The Markdown tables, one per problem."""
+def render(cases: list[Case], records: list[dict[str, Any]],
+           load: Sequence[float] = ()) -> str:
+    """The Markdown tables, one per problem; ``load``: the machine's 1-minute load average at
+    the start and the end of the run."""
+    busy = (f"1-minute load average at the start / end: {load[0]:.2f} / {load[1]:.2f} (about 1 = "
+            "this run alone on the machine). " if len(load) == 2 else "")
     lines = ["# Peers on non-convex problems (`python -m bench.peers_nonconvex`)", "",
-             "float64, one thread. Times were taken beside other jobs on a shared CPU (the "
-             "methods round-robin by `bench.harness.time_alternating`, so the ratios within one "
-             "run are what to read). To rerun alone: `OMP_NUM_THREADS=1 python -m "
+             f"float64, one thread. {busy}The methods run round-robin "
+             "(`bench.harness.time_alternating`), so the ratios within one run are what to read. "
+             "Run alone: `OMP_NUM_THREADS=1 python -m "
              "bench.peers_nonconvex` (betty via `BETTY_PATH`, see bench/libs/betty_lib.py). "
              "torchopt's `FutureWarning` is its own use of the deprecated `functorch.vjp`; "
              "\"ConvergenceWarning\" is bilevel's (CG: negative curvature; NormalCG: not "
@@ -305,14 +310,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=harness.RESULTS / "peers_nonconvex")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
+    load = [os.getloadavg()[0]]
     cases = ([mlp_case(n=12, steps=5), darts_case(n=16, steps=20)] if args.quick
              else [mlp_case(), darts_case()])
     records = [r for c in cases for r in rows(c, repeats=3 if args.quick else 7)]
+    load.append(os.getloadavg()[0])
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.with_suffix(".json").write_text(json.dumps(
-        {"meta": {"torch": torch.__version__, "shared_machine": True,
+        {"meta": {"torch": torch.__version__, "load_average_1min": load,
                   "notes": {c.name: c.note for c in cases}}, "records": records}, indent=1))
-    text = render(cases, records)
+    text = render(cases, records, load)
     args.out.with_suffix(".md").write_text(text)
     print(text)
     return 0
