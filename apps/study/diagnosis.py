@@ -82,28 +82,24 @@ def load_cells(root: Path) -> Cells:
 
 def add_sft_ts(cells: Cells) -> None:
     """An exploratory row ``sft+ts`` in every cell: SFT's option probabilities at the one
-    temperature T fitted (``calibration.posthoc.fit_temperature``, NLL) on SFT's own SciQ test
-    predictions, on both sets. Post-hoc TS on the trained model, which the study has no row
-    for; fitted on SciQ test because the cells keep no calibration-split probabilities (SciQ
-    test is development data here, and the row is not part of the declared rule)."""
+    temperature T fitted by NLL on SFT's own SciQ test predictions (``shift.optimal_temperature``,
+    applied by ``shift.scaled``, as the shift screens do), on both sets. Post-hoc TS on the
+    trained model, which the study has no row for; fitted on SciQ test because the cells keep
+    no calibration-split probabilities (SciQ test is development data here, and the row is not
+    part of the declared rule)."""
     import torch
 
-    from calibration.posthoc import fit_temperature
+    from apps.study.shift import optimal_temperature, scaled
 
     for c in cells.values():
         if ("sft", IN_DOMAIN) not in c.questions:
             continue
-
-        def logits(q: Questions) -> torch.Tensor:  # zero-padded options stay at probability 0
-            return torch.from_numpy(np.log(np.where(q.x > 0, q.x, 1.0))).masked_fill(
-                torch.from_numpy(q.x <= 0), -1e4)
-
         sciq = c.questions[("sft", IN_DOMAIN)]
-        t = float(fit_temperature(logits(sciq), torch.from_numpy(sciq.y).long()).temperature)
+        t = optimal_temperature(torch.from_numpy(sciq.x), torch.from_numpy(sciq.y).long())
         for ds in (OOD, IN_DOMAIN):
             q = c.questions[("sft", ds)]
-            scaled = torch.softmax(logits(q) / t, -1).numpy() * (q.x > 0)
-            c.questions[("sft+ts", ds)] = Questions.options(scaled, q.y, n_bins=q.n_bins)
+            c.questions[("sft+ts", ds)] = Questions.options(
+                scaled(torch.from_numpy(q.x), t).numpy(), q.y, n_bins=q.n_bins)
         c.last["sft+ts"] = {"temperature": t}
 
 
@@ -177,10 +173,13 @@ def row_summary(cells: Cells, variant: str, row: str) -> dict[str, Any]:
 
 
 def _entropy(q: Questions) -> float:
-    """Mean over questions of −Σ_k p_k log p_k of the option probabilities (N, K) (zero-padded
-    options add nothing)."""
-    p = np.clip(q.x, 1e-300, 1.0)
-    return float(np.mean(-(q.x * np.log(p)).sum(-1)))
+    """Mean over questions of the option distribution's entropy (zero-padded options, at
+    log 0 = −inf, are classes of probability 0 to ``calibration.objectives.entropy``)."""
+    import torch
+
+    from calibration.objectives import entropy
+
+    return float(entropy(torch.log(torch.from_numpy(q.x))))
 
 
 def comparisons(cells: Cells, *, n_boot: int = 1000) -> dict[str, dict[str, Any]]:
